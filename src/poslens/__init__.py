@@ -1,0 +1,9 @@
+"""poslens: how a Vision Transformer represents where each patch is, under APE and RoPE."""
+
+__version__ = "0.1.0"
+
+from poslens.api import load  # noqa: E402
+from poslens.errors import UserError  # noqa: E402
+from poslens.models import ModelConfig, ViT, build_model  # noqa: E402
+
+__all__ = ["ModelConfig", "UserError", "ViT", "__version__", "build_model", "load"]

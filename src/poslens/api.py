@@ -1,0 +1,49 @@
+"""The notebook entry point: `poslens.load(...)` returns a ready, eval-mode model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from poslens.errors import CheckpointError, ConfigError, UserError
+from poslens.io import load_tensors, read_json
+from poslens.models.config import ModelConfig
+from poslens.models.vit import ViT
+
+
+def load(spec: str | Path, weights: str | Path | None = None, device: str = "cpu") -> ViT:
+    """Load a poslens checkpoint folder (config.json + model.safetensors) in eval mode.
+
+    `spec` may also be the model.safetensors file itself; `weights` overrides the weights file.
+    """
+    if isinstance(spec, str) and spec.startswith("timm:"):
+        raise UserError(f"{spec}: loading timm checkpoints is not supported in this version")
+    path = Path(spec)
+    if not path.exists():
+        raise CheckpointError(f"checkpoint not found: {path}")
+    folder = path if path.is_dir() else path.parent
+    weights_path = Path(weights) if weights is not None else (path if path.is_file() else folder / "model.safetensors")
+    raw = read_json(folder / "config.json", "checkpoint config")
+    if not isinstance(raw, dict) or not isinstance(raw.get("model"), dict):
+        raise CheckpointError(f"{folder / 'config.json'} has no [model] section")
+    try:
+        cfg = ModelConfig.from_dict(raw["model"])
+    except ConfigError as e:
+        raise CheckpointError(f"{folder / 'config.json'}: {e}") from None
+    state = load_tensors(weights_path)
+    model = ViT(cfg)
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(state))
+    extra = sorted(set(state) - set(expected))
+    if missing:
+        raise CheckpointError(f"{weights_path} is missing tensor {missing[0]} ({len(missing)} missing)")
+    if extra:
+        raise CheckpointError(f"{weights_path} has unexpected tensor {extra[0]} for this config")
+    for k, v in state.items():
+        if v.shape != expected[k].shape:
+            raise CheckpointError(
+                f"{weights_path}: tensor {k} has shape {tuple(v.shape)}, the config needs {tuple(expected[k].shape)}"
+            )
+    model.load_state_dict(state)
+    return model.to(torch.device(device)).eval()

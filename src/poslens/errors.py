@@ -1,0 +1,17 @@
+"""Errors a user can cause. Each carries a one-line message; only the CLI turns them into exit code 2."""
+
+
+class UserError(Exception):
+    """A problem with the user's input (config, file, index), reported as one line."""
+
+
+class ConfigError(UserError):
+    """A configuration field has a bad value; the message names the field."""
+
+
+class CheckpointError(UserError):
+    """A checkpoint is missing, corrupt, unsafe (pickle) or does not fit the model."""
+
+
+class DataError(UserError):
+    """Data could not be built or read: missing folder, corrupt image, unknown task."""

@@ -1,0 +1,92 @@
+"""Safe, atomic file I/O: safetensors and JSON only, never pickle."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from poslens.errors import CheckpointError
+
+
+def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
+    """Write via a temporary file in the same folder, then rename: readers never see half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json(path: Path, obj: Any) -> None:
+    """Atomically write pretty, key-sorted JSON (stable bytes for the same content)."""
+    text = json.dumps(obj, indent=2, sort_keys=True) + "\n"
+    atomic_write(path, lambda p: p.write_text(text))
+
+
+def read_json(path: Path, what: str = "file") -> Any:
+    if not path.is_file():
+        raise CheckpointError(f"{what} not found: {path}")
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{what} {path} is not valid JSON ({e.msg if hasattr(e, 'msg') else e})") from None
+
+
+def save_tensors(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
+    """Atomically save tensors as safetensors (contiguous CPU copies)."""
+    flat = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
+    atomic_write(path, lambda p: save_file(flat, str(p), metadata=metadata))
+
+
+def check_safetensors(path: Path) -> None:
+    """Refuse anything that is not a well-formed safetensors header before any parsing."""
+    if not path.is_file():
+        raise CheckpointError(f"file not found: {path}")
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(9)
+    if head[:2] == b"PK" or head[:1] == b"\x80":
+        raise CheckpointError(
+            f"{path} is a pickle/torch.save file, not safetensors; poslens never unpickles files"
+        )
+    if len(head) < 9:
+        raise CheckpointError(f"{path} is truncated or empty ({size} bytes), not a safetensors file")
+    (n,) = struct.unpack("<Q", head[:8])
+    if head[8:9] != b"{" or 8 + n > size:
+        raise CheckpointError(f"{path} is not a valid safetensors file (corrupt or truncated header)")
+
+
+def load_tensors(path: Path) -> dict[str, torch.Tensor]:
+    """Load a safetensors file onto the CPU; one-line CheckpointError if it is bad."""
+    check_safetensors(path)
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as e:
+        raise CheckpointError(f"{path} could not be read as safetensors ({str(e).splitlines()[0]})") from None
+
+
+def read_metadata(path: Path) -> dict[str, str]:
+    """The string metadata stored in a safetensors header."""
+    check_safetensors(path)
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        try:
+            header = json.loads(f.read(n))
+        except json.JSONDecodeError:
+            raise CheckpointError(f"{path} has a corrupt safetensors header") from None
+    return header.get("__metadata__", {}) or {}

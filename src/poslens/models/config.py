@@ -1,0 +1,99 @@
+"""Model configuration: one frozen dataclass, validated on construction."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from poslens._config import from_dict, one_of, positive_float, positive_int
+from poslens.errors import ConfigError
+
+POSENCS = ("ape", "sincos", "rope_axial", "rope_mixed", "rope_axial_ape", "none")
+ROPE_LAYOUTS = ("interleaved", "half")
+POOLS = ("cls", "mean")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shape and positional encoding of one ViT.
+
+    posenc: "ape" learned absolute; "sincos" fixed 2-D sinusoidal; "rope_axial" half the rotation
+    planes of each head follow the column, half the row; "rope_mixed" learned 2-D frequencies per
+    block/head/plane; "rope_axial_ape" both rope_axial and a learned absolute embedding; "none".
+    """
+
+    image_size: int = 32
+    patch_size: int = 4
+    in_chans: int = 1
+    num_classes: int = 16
+    dim: int = 128
+    depth: int = 6
+    heads: int = 4
+    mlp_ratio: float = 4.0
+    posenc: str = "rope_axial"
+    rope_theta: float = 100.0  # temperature: plane i turns at theta^(-i/(planes per axis)) rad/patch
+    rope_layout: str = "interleaved"  # plane p rotates channels (2p, 2p+1), or (p, p + dh/2) if "half"
+    ape_init_std: float = 0.02
+    cls_token: bool = True
+    num_registers: int = 0
+    pool: str = "cls"
+    qkv_bias: bool = True
+    norm_eps: float = 1e-6
+
+    def __post_init__(self) -> None:
+        for name in ("image_size", "patch_size", "in_chans", "num_classes", "dim", "depth", "heads"):
+            positive_int(f"model.{name}", getattr(self, name))
+        positive_int("model.num_registers", self.num_registers, allow_zero=True)
+        for name in ("mlp_ratio", "rope_theta", "norm_eps"):
+            positive_float(f"model.{name}", getattr(self, name))
+        positive_float("model.ape_init_std", self.ape_init_std, allow_zero=True)
+        for name in ("cls_token", "qkv_bias"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"model.{name} must be true or false, got {getattr(self, name)!r}")
+        one_of("model.posenc", self.posenc, POSENCS)
+        one_of("model.rope_layout", self.rope_layout, ROPE_LAYOUTS)
+        one_of("model.pool", self.pool, POOLS)
+        if self.image_size % self.patch_size:
+            raise ConfigError(
+                f"model.image_size ({self.image_size}) is not divisible by "
+                f"model.patch_size ({self.patch_size})"
+            )
+        if self.dim % self.heads:
+            raise ConfigError(f"model.dim ({self.dim}) is not divisible by model.heads ({self.heads})")
+        if self.uses_rope and self.head_dim % 4:
+            raise ConfigError(
+                f"rotary encodings need a head dimension divisible by 4 (two axes x channel "
+                f"pairs); model.dim / model.heads = {self.head_dim}"
+            )
+        if self.pool == "cls" and not self.cls_token:
+            raise ConfigError("model.pool is 'cls' but model.cls_token is false")
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.heads
+
+    @property
+    def grid(self) -> int:
+        """Patches per side at the training resolution."""
+        return self.image_size // self.patch_size
+
+    @property
+    def num_prefix(self) -> int:
+        """Tokens before the patches (CLS, registers); never rotated, excluded from spatial metrics."""
+        return int(self.cls_token) + self.num_registers
+
+    @property
+    def uses_rope(self) -> bool:
+        return self.posenc.startswith("rope")
+
+    @property
+    def uses_additive_pos(self) -> bool:
+        """True when a position embedding is added to the patch tokens (APE or sincos)."""
+        return self.posenc in ("ape", "sincos", "rope_axial_ape")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
+        return from_dict(cls, d, "model")

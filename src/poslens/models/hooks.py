@@ -1,0 +1,97 @@
+"""Hook points: named identity modules where activations can be read or rewritten.
+
+The vocabulary follows TransformerLens (`blocks.3.hook_resid_pre`, `blocks.3.attn.hook_pattern`).
+A hook is `fn(tensor, name) -> tensor | None`; returning a tensor replaces the activation.
+Hooks are only ever attached through `HookedModule.hooks(...)`, which removes them in `finally`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
+
+import torch
+from torch import nn
+
+from poslens.errors import UserError
+
+HookFn = Callable[[torch.Tensor, str], torch.Tensor | None]
+NameFilter = str | Sequence[str] | Callable[[str], bool]
+
+
+class HookPoint(nn.Module):
+    """Identity module marking a place in the forward pass; its full name is set by the model."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.name = ""
+
+    @property
+    def active(self) -> bool:
+        """True when a hook is attached (lets the model skip work nobody looks at)."""
+        return bool(self._forward_hooks)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+class HookedModule(nn.Module):
+    """Mixin for a model made of HookPoints: name lookup, scoped hooks and caching."""
+
+    def setup_hooks(self) -> None:
+        """Give every HookPoint its dotted name; call at the end of `__init__`."""
+        self._hook_points: dict[str, HookPoint] = {}
+        for name, module in self.named_modules():
+            if isinstance(module, HookPoint):
+                module.name = name
+                self._hook_points[name] = module
+
+    def hook_names(self) -> list[str]:
+        """All hook point names in forward order."""
+        return list(self._hook_points)
+
+    def resolve_names(self, names: NameFilter) -> list[str]:
+        """Expand a name, a list of names or a predicate into known hook names (UserError if unknown)."""
+        if callable(names):
+            return [n for n in self._hook_points if names(n)]
+        wanted = [names] if isinstance(names, str) else list(names)
+        unknown = [n for n in wanted if n not in self._hook_points]
+        if unknown:
+            raise UserError(
+                f"unknown hook name {unknown[0]!r} (this model has {len(self._hook_points)} hook "
+                "points; list them with model.hook_names())"
+            )
+        return wanted
+
+    @contextlib.contextmanager
+    def hooks(self, fwd_hooks: Iterable[tuple[str, HookFn]]) -> Iterator[None]:
+        """Attach `(name, fn)` hooks for the body of a `with`; always removed, also on exceptions."""
+        handles = []
+        try:
+            for name, fn in fwd_hooks:
+                (name,) = self.resolve_names(name)
+                handles.append(self._hook_points[name].register_forward_hook(_wrap(fn, name)))
+            yield
+        finally:
+            for h in handles:
+                h.remove()
+
+    def run_with_cache(
+        self, x: torch.Tensor, names: NameFilter, detach: bool = True
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Forward `x`, returning (logits, cache) with only the requested activations stored."""
+        cache: dict[str, torch.Tensor] = {}
+
+        def store(t: torch.Tensor, name: str) -> None:
+            cache[name] = t.detach() if detach else t
+
+        with self.hooks([(n, store) for n in self.resolve_names(names)]):
+            out = self(x)
+        return out, cache
+
+
+def _wrap(fn: HookFn, name: str) -> Callable[[nn.Module, tuple, torch.Tensor], torch.Tensor | None]:
+    def hook(_module: nn.Module, _inputs: tuple, output: torch.Tensor) -> torch.Tensor | None:
+        return fn(output, name)
+
+    return hook

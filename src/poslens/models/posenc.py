@@ -1,0 +1,102 @@
+"""Positional encodings: additive (learned APE, fixed 2-D sin-cos) and rotary (axial, mixed).
+
+Layouts. Patch tokens are row-major on a gh x gw grid: token k sits at (row, col) = (k // gw, k % gw).
+A head of dimension dh has P = dh / 2 rotation planes; plane p turns a pair of channels by
+angle[p] = fx[p] * col + fy[p] * row (radians; col and row in patch units, 0-based).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def grid_coords(gh: int, gw: int, device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(row, col) of each patch token, both [gh * gw] float, row-major."""
+    row, col = torch.meshgrid(
+        torch.arange(gh, device=device, dtype=torch.float32),
+        torch.arange(gw, device=device, dtype=torch.float32),
+        indexing="ij",
+    )
+    return row.flatten(), col.flatten()
+
+
+def resample_pos_embed(pos: torch.Tensor, old: tuple[int, int], new: tuple[int, int]) -> torch.Tensor:
+    """Bicubically resample a [1, gh*gw, D] absolute embedding to another grid (as timm does)."""
+    if old == new:
+        return pos
+    d = pos.shape[-1]
+    grid = pos.reshape(1, old[0], old[1], d).permute(0, 3, 1, 2)  # [1, D, gh, gw]
+    grid = F.interpolate(grid.float(), size=new, mode="bicubic", align_corners=False)
+    return grid.permute(0, 2, 3, 1).reshape(1, new[0] * new[1], d).to(pos.dtype)
+
+
+def sincos_2d(gh: int, gw: int, dim: int, temperature: float = 10000.0) -> torch.Tensor:
+    """Fixed 2-D sin-cos embedding [1, gh*gw, dim]: first half encodes the column, second the row."""
+    if dim % 4:
+        raise ValueError(f"sincos embedding needs dim divisible by 4, got {dim}")
+    row, col = grid_coords(gh, gw)
+    omega = 1.0 / temperature ** (torch.arange(dim // 4, dtype=torch.float32) / (dim // 4))
+    parts = []
+    for coord in (col, row):
+        ang = coord[:, None] * omega[None, :]  # [T, dim/4]
+        parts += [ang.sin(), ang.cos()]
+    return torch.cat(parts, dim=1)[None]
+
+
+class Rotary(nn.Module):
+    """Rotation angles of every plane, per block and head, for a grid of patch tokens.
+
+    axial: planes [0, P/2) follow the column, planes [P/2, P) the row, each half with frequencies
+    theta^(-i / (P/2)), i = 0..P/2-1 (the RoPE-Axial of Heo et al. 2024), shared by blocks and heads.
+    mixed: a learned (fx, fy) per block, head and plane, initialised as in Heo et al. 2024: one
+    random direction per block and head, planes [0, P/2) along it and [P/2, P) along its
+    perpendicular, magnitudes theta^(-i / (P/2)).
+    """
+
+    def __init__(self, kind: str, depth: int, heads: int, head_dim: int, theta: float) -> None:
+        super().__init__()
+        self.kind = kind
+        half = head_dim // 4  # planes per axis
+        mag = theta ** (-torch.arange(half, dtype=torch.float32) / half)  # [P/2]
+        if kind == "axial":
+            zeros = torch.zeros(half)
+            fx = torch.cat([mag, zeros])  # [P]
+            fy = torch.cat([zeros, mag])
+            self.register_buffer("freqs", torch.stack([fx, fy], -1)[None, None], persistent=False)
+        elif kind == "mixed":
+            phi = torch.rand(depth, heads, 1) * 2 * math.pi  # [depth, H, 1]
+            fx = torch.cat([mag * phi.cos(), mag * (phi + math.pi / 2).cos()], -1)  # [depth, H, P]
+            fy = torch.cat([mag * phi.sin(), mag * (phi + math.pi / 2).sin()], -1)
+            self.freqs = nn.Parameter(torch.stack([fx, fy], -1))  # [depth, H, P, 2]
+        else:
+            raise ValueError(f"unknown rotary kind {kind!r}")
+
+    def forward(self, gh: int, gw: int) -> torch.Tensor:
+        """Angles [depth or 1, H or 1, gh*gw, P] in radians."""
+        row, col = grid_coords(gh, gw, self.freqs.device)
+        fx, fy = self.freqs[..., 0], self.freqs[..., 1]  # [depth|1, H|1, P]
+        return col[:, None] * fx[..., None, :] + row[:, None] * fy[..., None, :]
+
+
+def rotary_table(angles: torch.Tensor, num_prefix: int) -> torch.Tensor:
+    """cos/sin table [depth|1, 2, H|1, num_prefix + T, P]; prefix tokens get the identity (cos 1, sin 0)."""
+    cos, sin = angles.cos(), angles.sin()
+    if num_prefix:
+        pad = (0, 0, num_prefix, 0)
+        cos = F.pad(cos, pad, value=1.0)
+        sin = F.pad(sin, pad, value=0.0)
+    return torch.stack([cos, sin], dim=1)
+
+
+def apply_rotary(x: torch.Tensor, cos_sin: torch.Tensor, layout: str) -> torch.Tensor:
+    """Rotate x [B, H, T, dh] by cos_sin [2, H|1, T, P]; plane p pairs channels by `layout`."""
+    cos, sin = cos_sin[0].to(x.dtype), cos_sin[1].to(x.dtype)  # [H|1, T, P]
+    if layout == "interleaved":  # plane p = channels (2p, 2p+1)
+        x0, x1 = x.unflatten(-1, (-1, 2)).unbind(-1)
+        return torch.stack([x0 * cos - x1 * sin, x0 * sin + x1 * cos], -1).flatten(-2)
+    x0, x1 = x.chunk(2, dim=-1)  # "half": plane p = channels (p, p + dh/2)
+    return torch.cat([x0 * cos - x1 * sin, x0 * sin + x1 * cos], -1)

@@ -1,0 +1,232 @@
+"""The one Vision Transformer of poslens, instrumented with hook points.
+
+Reads top to bottom: LayerNorm with a hook, Attention, Mlp, Block, ViT. Tensor layouts:
+tokens [B, T, D] with T = num_prefix + gh*gw (CLS, registers, then patches row-major);
+per-head tensors q, k, v, z [B, H, T, dh]; scores/pattern [B, H, T, T]; rotary table
+[2, H, T, P] (cos, sin) with P = dh / 2 planes.
+"""
+
+from __future__ import annotations
+
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from poslens.errors import UserError
+from poslens.models.config import ModelConfig
+from poslens.models.hooks import HookedModule, HookPoint
+from poslens.models.posenc import Rotary, apply_rotary, resample_pos_embed, rotary_table, sincos_2d
+
+
+class LayerNorm(nn.LayerNorm):
+    """LayerNorm whose output is exposed as `hook_normalized`."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__(dim, eps=eps)
+        self.hook_normalized = HookPoint()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.hook_normalized(super().forward(x))
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention with optional rotary q/k (same weight layout as timm's Attention)."""
+
+    def __init__(self, dim: int, heads: int, qkv_bias: bool, rope_layout: str | None) -> None:
+        super().__init__()
+        self.heads, self.head_dim = heads, dim // heads
+        self.scale = self.head_dim**-0.5
+        self.rope_layout = rope_layout
+        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim)
+        self.hook_q, self.hook_k, self.hook_v = HookPoint(), HookPoint(), HookPoint()
+        if rope_layout is not None:
+            self.hook_rotary = HookPoint()  # [2, H, T, P]; rewrite it to mask planes
+            self.hook_rot_q, self.hook_rot_k = HookPoint(), HookPoint()
+        self.hook_attn_scores = HookPoint()  # [B, H, T, T] scaled logits, before softmax
+        self.hook_pattern = HookPoint()  # [B, H, T, T]
+        self.hook_z = HookPoint()  # [B, H, T, dh] per-head mix of values
+        self.hook_result = HookPoint()  # [B, T, H, D] per-head outputs; computed only when hooked
+
+    def forward(self, x: torch.Tensor, rotary: torch.Tensor | None) -> torch.Tensor:
+        B, T, D = x.shape
+        qkv = self.qkv(x).reshape(B, T, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = self.hook_q(qkv[0]), self.hook_k(qkv[1]), self.hook_v(qkv[2])
+        if self.rope_layout is not None and rotary is not None:
+            cos_sin = self.hook_rotary(rotary)
+            q = self.hook_rot_q(apply_rotary(q, cos_sin, self.rope_layout))
+            k = self.hook_rot_k(apply_rotary(k, cos_sin, self.rope_layout))
+        if self.hook_attn_scores.active or self.hook_pattern.active:
+            scores = self.hook_attn_scores((q @ k.transpose(-2, -1)) * self.scale)
+            pattern = self.hook_pattern(scores.softmax(dim=-1))
+            z = pattern @ v
+        else:  # nobody looks at the pattern: use the fused kernel
+            z = F.scaled_dot_product_attention(q, k, v)
+        z = self.hook_z(z)
+        if self.hook_result.active:
+            w = self.proj.weight.view(D, self.heads, self.head_dim)  # [D_out, H, dh]
+            result = self.hook_result(torch.einsum("bhtd,ohd->btho", z, w))
+            return result.sum(dim=2) + self.proj.bias
+        return self.proj(z.transpose(1, 2).reshape(B, T, D))
+
+
+class Mlp(nn.Module):
+    """Two-layer GELU MLP."""
+
+    def __init__(self, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(hidden, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: x + attn(ln1(x)), then + mlp(ln2(.))."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()  # modules registered in forward order, so hook_names() reads in order
+        self.hook_resid_pre = HookPoint()
+        self.ln1 = LayerNorm(cfg.dim, cfg.norm_eps)
+        self.attn = Attention(
+            cfg.dim, cfg.heads, cfg.qkv_bias, cfg.rope_layout if cfg.uses_rope else None
+        )
+        self.hook_attn_out = HookPoint()
+        self.hook_resid_mid = HookPoint()
+        self.ln2 = LayerNorm(cfg.dim, cfg.norm_eps)
+        self.mlp = Mlp(cfg.dim, int(cfg.dim * cfg.mlp_ratio))
+        self.hook_mlp_out = HookPoint()
+        self.hook_resid_post = HookPoint()
+
+    def forward(self, x: torch.Tensor, rotary: torch.Tensor | None) -> torch.Tensor:
+        x = self.hook_resid_pre(x)
+        x = self.hook_resid_mid(x + self.hook_attn_out(self.attn(self.ln1(x), rotary)))
+        return self.hook_resid_post(x + self.hook_mlp_out(self.mlp(self.ln2(x))))
+
+
+class ViT(HookedModule):
+    """Vision Transformer whose positional encoding is one config field (see ModelConfig)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        D, g = cfg.dim, cfg.grid
+        self.patch_embed = nn.Conv2d(cfg.in_chans, D, cfg.patch_size, stride=cfg.patch_size)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, D)) if cfg.cls_token else None
+        self.reg_tokens = (
+            nn.Parameter(torch.zeros(1, cfg.num_registers, D)) if cfg.num_registers else None
+        )
+        self.pos_embed = (
+            nn.Parameter(torch.zeros(1, g * g, D)) if cfg.posenc in ("ape", "rope_axial_ape") else None
+        )
+        self.rotary = (
+            Rotary(
+                "mixed" if cfg.posenc == "rope_mixed" else "axial",
+                cfg.depth,
+                cfg.heads,
+                cfg.head_dim,
+                cfg.rope_theta,
+            )
+            if cfg.uses_rope
+            else None
+        )
+        self.hook_embed = HookPoint()  # [B, gh*gw, D] patch embeddings, before any position
+        if cfg.uses_additive_pos:
+            self.hook_pos_embed = HookPoint()  # [1, gh*gw, D] what gets added to the patches
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.depth))
+        self.ln_final = LayerNorm(D, cfg.norm_eps)
+        self.head = nn.Linear(D, cfg.num_classes)
+        self.init_weights()
+        self.setup_hooks()
+
+    def init_weights(self) -> None:
+        """timm-style init: truncated normal 0.02 for linear layers, configurable std for APE."""
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.trunc_normal_(m.weight, std=0.02)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+        for p in (self.cls_token, self.reg_tokens):
+            if p is not None:
+                nn.init.normal_(p, std=1e-6)
+        if self.pos_embed is not None:
+            nn.init.trunc_normal_(
+                self.pos_embed, std=self.cfg.ape_init_std, a=-2 * self.cfg.ape_init_std,
+                b=2 * self.cfg.ape_init_std,
+            )
+
+    def grid_of(self, x: torch.Tensor) -> tuple[int, int]:
+        """Patch grid (gh, gw) of an image batch [B, C, H, W]; UserError if it does not fit."""
+        cfg = self.cfg
+        if x.ndim != 4 or x.shape[1] != cfg.in_chans:
+            raise UserError(
+                f"expected images [B, {cfg.in_chans}, H, W], got shape {tuple(x.shape)}"
+            )
+        h, w = x.shape[-2:]
+        if h % cfg.patch_size or w % cfg.patch_size:
+            raise UserError(
+                f"image size {h}x{w} is not divisible by the patch size {cfg.patch_size}"
+            )
+        return h // cfg.patch_size, w // cfg.patch_size
+
+    def pos_embed_for(self, gh: int, gw: int) -> torch.Tensor:
+        """The additive embedding [1, gh*gw, D] for this grid (APE resampled, sincos computed)."""
+        if self.cfg.posenc == "sincos":
+            return sincos_2d(gh, gw, self.cfg.dim).to(self.head.weight.device)
+        assert self.pos_embed is not None
+        g = self.cfg.grid
+        return resample_pos_embed(self.pos_embed, (g, g), (gh, gw))
+
+    def rotary_tables(self, gh: int, gw: int) -> torch.Tensor | None:
+        """cos/sin tables [depth|1, 2, H, T, P] (None without RoPE)."""
+        if self.rotary is None:
+            return None
+        table = rotary_table(self.rotary(gh, gw), self.cfg.num_prefix)
+        return table.expand(-1, -1, self.cfg.heads, -1, -1)
+
+    def embed(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
+        """Images [B, C, H, W] -> tokens [B, T, D] entering block 0, and the grid."""
+        gh, gw = self.grid_of(x)
+        x = self.hook_embed(self.patch_embed(x).flatten(2).transpose(1, 2))  # [B, N, D]
+        if self.cfg.uses_additive_pos:
+            x = x + self.hook_pos_embed(self.pos_embed_for(gh, gw))
+        prefix = [t.expand(x.shape[0], -1, -1) for t in (self.cls_token, self.reg_tokens) if t is not None]
+        return torch.cat([*prefix, x], dim=1), (gh, gw)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Images [B, C, H, W] -> logits [B, num_classes]."""
+        x, (gh, gw) = self.embed(x)
+        tables = self.rotary_tables(gh, gw)
+        for i, block in enumerate(self.blocks):
+            x = block(x, None if tables is None else tables[min(i, tables.shape[0] - 1)])
+        x = self.ln_final(x)
+        pooled = x[:, 0] if self.cfg.pool == "cls" else x[:, self.cfg.num_prefix :].mean(dim=1)
+        return self.head(pooled)
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def flops_per_image(self, train: bool = True) -> float:
+        """Matmul FLOPs of one forward (x3 for a training step) at the config resolution."""
+        cfg = self.cfg
+        T, D = cfg.num_prefix + cfg.grid**2, cfg.dim
+        hidden = int(D * cfg.mlp_ratio)
+        per_block = 2 * T * (3 * D * D + D * D + 2 * D * hidden) + 2 * 2 * T * T * D
+        embed = 2 * cfg.grid**2 * cfg.in_chans * cfg.patch_size**2 * D
+        total = embed + cfg.depth * per_block + 2 * D * cfg.num_classes
+        return float(total * (3 if train else 1))
+
+
+def build_model(cfg: ModelConfig, seed: int | None = None) -> ViT:
+    """A freshly initialised ViT; deterministic when `seed` is given."""
+    if seed is None:
+        return ViT(cfg)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return ViT(cfg)
+
+
+__all__ = ["Attention", "Block", "LayerNorm", "Mlp", "ViT", "build_model"]
