@@ -2,8 +2,8 @@
 
 __version__ = "0.1.0"
 
-from poslens.api import load  # noqa: E402
-from poslens.errors import UserError  # noqa: E402
-from poslens.models import ModelConfig, ViT, build_model  # noqa: E402
+from poslens.api import load
+from poslens.errors import UserError
+from poslens.models import ModelConfig, ViT, build_model
 
 __all__ = ["ModelConfig", "UserError", "ViT", "__version__", "build_model", "load"]

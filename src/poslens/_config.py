@@ -7,10 +7,6 @@ from typing import Any
 from poslens.errors import ConfigError
 
 
-def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
-        return from_dict(cls, d, "model")
-
-
 def from_dict(cls: Any, d: Any, section: str) -> Any:
     """Build a config dataclass from a dict, naming unknown fields and wrong types."""
     if not isinstance(d, dict):
@@ -34,7 +30,11 @@ def from_dict(cls: Any, d: Any, section: str) -> Any:
 
 
 def positive_int(name: str, value: Any, allow_zero: bool = False) -> None:
-    ok = isinstance(value, int) and not isinstance(value, bool) and (value >= 0 if allow_zero else value > 0)
+    ok = (
+        isinstance(value, int)
+        and not isinstance(value, bool)
+        and (value >= 0 if allow_zero else value > 0)
+    )
     if not ok:
         kind = "a non-negative" if allow_zero else "a positive"
         raise ConfigError(f"{name} must be {kind} integer, got {value!r}")

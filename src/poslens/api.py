@@ -23,7 +23,11 @@ def load(spec: str | Path, weights: str | Path | None = None, device: str = "cpu
     if not path.exists():
         raise CheckpointError(f"checkpoint not found: {path}")
     folder = path if path.is_dir() else path.parent
-    weights_path = Path(weights) if weights is not None else (path if path.is_file() else folder / "model.safetensors")
+    weights_path = (
+        Path(weights)
+        if weights is not None
+        else (path if path.is_file() else folder / "model.safetensors")
+    )
     raw = read_json(folder / "config.json", "checkpoint config")
     if not isinstance(raw, dict) or not isinstance(raw.get("model"), dict):
         raise CheckpointError(f"{folder / 'config.json'} has no [model] section")
@@ -37,7 +41,9 @@ def load(spec: str | Path, weights: str | Path | None = None, device: str = "cpu
     missing = sorted(set(expected) - set(state))
     extra = sorted(set(state) - set(expected))
     if missing:
-        raise CheckpointError(f"{weights_path} is missing tensor {missing[0]} ({len(missing)} missing)")
+        raise CheckpointError(
+            f"{weights_path} is missing tensor {missing[0]} ({len(missing)} missing)"
+        )
     if extra:
         raise CheckpointError(f"{weights_path} has unexpected tensor {extra[0]} for this config")
     for k, v in state.items():

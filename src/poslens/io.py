@@ -44,10 +44,14 @@ def read_json(path: Path, what: str = "file") -> Any:
     try:
         return json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{what} {path} is not valid JSON ({e.msg if hasattr(e, 'msg') else e})") from None
+        raise CheckpointError(
+            f"{what} {path} is not valid JSON ({e.msg if hasattr(e, 'msg') else e})"
+        ) from None
 
 
-def save_tensors(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
+def save_tensors(
+    path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None
+) -> None:
     """Atomically save tensors as safetensors (contiguous CPU copies)."""
     flat = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
     atomic_write(path, lambda p: save_file(flat, str(p), metadata=metadata))
@@ -65,10 +69,14 @@ def check_safetensors(path: Path) -> None:
             f"{path} is a pickle/torch.save file, not safetensors; poslens never unpickles files"
         )
     if len(head) < 9:
-        raise CheckpointError(f"{path} is truncated or empty ({size} bytes), not a safetensors file")
+        raise CheckpointError(
+            f"{path} is truncated or empty ({size} bytes), not a safetensors file"
+        )
     (n,) = struct.unpack("<Q", head[:8])
     if head[8:9] != b"{" or 8 + n > size:
-        raise CheckpointError(f"{path} is not a valid safetensors file (corrupt or truncated header)")
+        raise CheckpointError(
+            f"{path} is not a valid safetensors file (corrupt or truncated header)"
+        )
 
 
 def load_tensors(path: Path) -> dict[str, torch.Tensor]:
@@ -77,7 +85,9 @@ def load_tensors(path: Path) -> dict[str, torch.Tensor]:
     try:
         return load_file(str(path))
     except (SafetensorError, OSError, ValueError) as e:
-        raise CheckpointError(f"{path} could not be read as safetensors ({str(e).splitlines()[0]})") from None
+        raise CheckpointError(
+            f"{path} could not be read as safetensors ({str(e).splitlines()[0]})"
+        ) from None
 
 
 def read_metadata(path: Path) -> dict[str, str]:

@@ -31,14 +31,18 @@ def test_axis_map_of_axial_rope_is_half_row_half_col_and_true(layout: str) -> No
     assert amap.row == tuple(int(p) for p in torch.nonzero(fy).flatten())
     assert set(amap.row) | set(amap.col) == set(range(P))
     np.testing.assert_allclose(amap.score[amap.row_mask], 1.0)
-    np.testing.assert_allclose(amap.freq[0, 0, :4], model.rotary.freqs[0, 0, :4, 0].numpy(), rtol=1e-6)
+    np.testing.assert_allclose(
+        amap.freq[0, 0, :4], model.rotary.freqs[0, 0, :4, 0].numpy(), rtol=1e-6
+    )
 
 
 def test_axis_map_recovers_mixed_directions() -> None:
     model = tiny("rope_mixed", rope_theta=10.0)
     amap = axis_map(model)
     f = model.rotary.freqs.detach().double().numpy()  # [depth, H, P, 2] = (fx, fy)
-    np.testing.assert_allclose(amap.direction_deg, np.degrees(np.arctan2(f[..., 1], f[..., 0])), atol=1e-6)
+    np.testing.assert_allclose(
+        amap.direction_deg, np.degrees(np.arctan2(f[..., 1], f[..., 0])), atol=1e-6
+    )
     expected_alignment = np.abs(f[..., 0] ** 2 - f[..., 1] ** 2) / (f**2).sum(-1)
     np.testing.assert_allclose(amap.alignment, expected_alignment, atol=1e-6)
     assert amap.counts()["mixed"] > 0  # random directions are rarely axis-aligned
@@ -107,7 +111,9 @@ def test_ape_zero_and_permute(images: torch.Tensor) -> None:
     model = tiny("ape", ape_init_std=0.5)
     _, clean = model.run_with_cache(images, ["hook_pos_embed"])
     with ape_zero(model):
-        _, c = model.run_with_cache(images, ["hook_pos_embed", "hook_embed", "blocks.0.hook_resid_pre"])
+        _, c = model.run_with_cache(
+            images, ["hook_pos_embed", "hook_embed", "blocks.0.hook_resid_pre"]
+        )
     assert torch.equal(c["hook_pos_embed"], torch.zeros_like(clean["hook_pos_embed"]))
     torch.testing.assert_close(c["blocks.0.hook_resid_pre"][:, 1:], c["hook_embed"])
     with ape_permute(model, seed=1) as perm:
@@ -128,7 +134,9 @@ def test_ablating_every_head_leaves_only_the_output_bias(images: torch.Tensor) -
     model = tiny()
     with ablate(model, "attn", blocks=[0], heads=[0, 1]):
         _, c = model.run_with_cache(images, ["blocks.0.hook_attn_out"])
-    torch.testing.assert_close(c["blocks.0.hook_attn_out"], model.blocks[0].attn.proj.bias.expand(3, 17, -1))
+    torch.testing.assert_close(
+        c["blocks.0.hook_attn_out"], model.blocks[0].attn.proj.bias.expand(3, 17, -1)
+    )
 
 
 def test_mean_ablation_replaces_by_the_reference_mean(images: torch.Tensor) -> None:
@@ -137,7 +145,10 @@ def test_mean_ablation_replaces_by_the_reference_mean(images: torch.Tensor) -> N
     with ablate(model, "mlp", blocks=[1], mode="mean", means=means):
         _, c = model.run_with_cache(images[:1], ["blocks.1.hook_mlp_out"])
     torch.testing.assert_close(c["blocks.1.hook_mlp_out"][0], means["blocks.1.hook_mlp_out"])
-    with pytest.raises(UserError, match="needs its mean"), ablate(model, "attn", mode="mean", means=means):
+    with (
+        pytest.raises(UserError, match="needs its mean"),
+        ablate(model, "attn", mode="mean", means=means),
+    ):
         pass
 
 

@@ -50,7 +50,9 @@ def test_hooks_exist_only_where_the_mechanism_does(posenc: str, absent: set[str]
 
 def test_run_with_cache_stores_only_requested(images: torch.Tensor) -> None:
     model = tiny()
-    logits, cache = model.run_with_cache(images, ["blocks.1.hook_resid_pre", "blocks.0.attn.hook_pattern"])
+    logits, cache = model.run_with_cache(
+        images, ["blocks.1.hook_resid_pre", "blocks.0.attn.hook_pattern"]
+    )
     assert set(cache) == {"blocks.1.hook_resid_pre", "blocks.0.attn.hook_pattern"}
     assert cache["blocks.0.attn.hook_pattern"].shape == (3, 2, 17, 17)
     torch.testing.assert_close(cache["blocks.0.attn.hook_pattern"].sum(-1), torch.ones(3, 2, 17))
@@ -60,7 +62,10 @@ def test_run_with_cache_stores_only_requested(images: torch.Tensor) -> None:
 def test_hooks_are_removed_when_the_body_raises(images: torch.Tensor) -> None:
     model = tiny()
     clean = model(images)
-    with pytest.raises(RuntimeError), model.hooks([("blocks.0.hook_resid_pre", lambda x, n: x * 0)]):
+    with (
+        pytest.raises(RuntimeError),
+        model.hooks([("blocks.0.hook_resid_pre", lambda x, n: x * 0)]),
+    ):
         raise RuntimeError("boom")
     assert not any(model._hook_points[n]._forward_hooks for n in model.hook_names())
     torch.testing.assert_close(model(images), clean)

@@ -18,7 +18,9 @@ def test_same_seed_same_weights() -> None:
         assert torch.equal(va, vb), k
 
 
-@pytest.mark.parametrize("posenc", ["ape", "sincos", "rope_axial", "rope_mixed", "rope_axial_ape", "none"])
+@pytest.mark.parametrize(
+    "posenc", ["ape", "sincos", "rope_axial", "rope_mixed", "rope_axial_ape", "none"]
+)
 def test_other_grids_run(posenc: str) -> None:
     model = tiny(posenc)
     assert model(torch.randn(2, 1, 24, 20)).shape == (2, 5)
@@ -38,7 +40,9 @@ def test_ape_resample_is_identity_on_the_training_grid() -> None:
     assert up.shape == (1, 64, 8)
 
 
-def _scores(model: torch.nn.Module, q: torch.Tensor, k: torch.Tensor, block: int = 0) -> torch.Tensor:
+def _scores(
+    model: torch.nn.Module, q: torch.Tensor, k: torch.Tensor, block: int = 0
+) -> torch.Tensor:
     """Attention logits of block `block` when every token's q and k are forced to q and k."""
     x = torch.zeros(1, 1, model.cfg.image_size, model.cfg.image_size)
     hooks = [
@@ -58,7 +62,9 @@ def _scores(model: torch.nn.Module, q: torch.Tensor, k: torch.Tensor, block: int
     st.lists(st.integers(0, 3), min_size=6, max_size=6),
     st.integers(0, 1000),
 )
-def test_rope_score_depends_only_on_the_offset(posenc: str, layout: str, c: list[int], seed: int) -> None:
+def test_rope_score_depends_only_on_the_offset(
+    posenc: str, layout: str, c: list[int], seed: int
+) -> None:
     """Two pairs of tokens with the same (d_row, d_col) offset get the same attention logit."""
     model = tiny(posenc, rope_layout=layout)
     g = torch.Generator().manual_seed(seed)
@@ -111,13 +117,17 @@ def test_prefix_tokens_are_never_rotated(images: torch.Tensor) -> None:
     assert not torch.allclose(q[:, :, 4:], rq[:, :, 4:])
 
 
-def test_channel_layouts_are_the_same_rotation_up_to_a_channel_permutation(images: torch.Tensor) -> None:
+def test_channel_layouts_are_the_same_rotation_up_to_a_channel_permutation(
+    images: torch.Tensor,
+) -> None:
     """Interleaved pairs (2p, 2p+1) and rotate-half pairs (p, p + dh/2) give the same model once
     q and k channels are permuted accordingly (the map timm checkpoints need)."""
     inter = tiny("rope_axial", rope_layout="interleaved")
     half = tiny("rope_axial", rope_layout="half")
     dh, P, D = 16, 8, 32
-    perm = torch.cat([torch.arange(0, dh, 2), torch.arange(1, dh, 2)])  # half channel c <- inter perm[c]
+    perm = torch.cat(
+        [torch.arange(0, dh, 2), torch.arange(1, dh, 2)]
+    )  # half channel c <- inter perm[c]
     state = inter.state_dict()
     for b in range(2):
         for part in ("weight", "bias"):

@@ -62,7 +62,9 @@ def ablate(
     for b in check_blocks(model, blocks):
         name = component_hook(component, b, per_head)
         if mode == "mean" and (means is None or name not in means):
-            raise UserError(f"mean ablation of {name} needs its mean: pass means=mean_activations(...)")
+            raise UserError(
+                f"mean ablation of {name} needs its mean: pass means=mean_activations(...)"
+            )
         fill = means[name] if mode == "mean" and means is not None else None
 
         def hook(x: torch.Tensor, _n: str, fill: torch.Tensor | None = fill) -> torch.Tensor:
@@ -92,7 +94,9 @@ def patch(
 
         def hook(x: torch.Tensor, n: str, src: torch.Tensor = src) -> torch.Tensor:
             if src.shape != x.shape:
-                raise UserError(f"patch for {n} has shape {tuple(src.shape)}, activation is {tuple(x.shape)}")
+                raise UserError(
+                    f"patch for {n} has shape {tuple(src.shape)}, activation is {tuple(x.shape)}"
+                )
             if tokens is None:
                 return src.to(x)
             out = x.clone()

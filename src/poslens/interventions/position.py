@@ -13,9 +13,7 @@ from poslens.models.vit import ViT
 
 def _require_additive(model: ViT) -> None:
     if not model.cfg.uses_additive_pos:
-        raise UserError(
-            f"model has no additive position embedding (posenc={model.cfg.posenc!r})"
-        )
+        raise UserError(f"model has no additive position embedding (posenc={model.cfg.posenc!r})")
 
 
 def seeded_permutation(n: int, seed: int) -> torch.Tensor:

@@ -32,7 +32,9 @@ def plane_mask(model: ViT, planes: PlaneSpec) -> torch.Tensor:
     if isinstance(planes, (torch.Tensor, np.ndarray)) and planes.dtype in (torch.bool, np.bool_):
         m = torch.as_tensor(planes)
         if m.shape not in (shape[2:], shape[1:], shape):
-            raise UserError(f"plane mask has shape {tuple(m.shape)}; expected [P], [H, P] or [depth, H, P] = {shape}")
+            raise UserError(
+                f"plane mask has shape {tuple(m.shape)}; expected [P], [H, P] or [depth, H, P] = {shape}"
+            )
         return m.expand(shape).clone()
     idx = [int(p) for p in planes]
     for p in idx:
@@ -55,7 +57,9 @@ def rotary_mask(
     planes None means all planes. Yields the effective mask [depth, H, P].
     """
     if model.rotary is None:
-        raise UserError(f"model has no rotary encoding (posenc={model.cfg.posenc!r}): nothing to mask")
+        raise UserError(
+            f"model has no rotary encoding (posenc={model.cfg.posenc!r}): nothing to mask"
+        )
     cfg = model.cfg
     mask = plane_mask(model, range(num_planes(model)) if planes is None else planes)
     keep_blocks = torch.zeros(cfg.depth, dtype=torch.bool)
@@ -71,7 +75,11 @@ def rotary_mask(
 
         return hook
 
-    hooks = [(f"blocks.{b}.attn.hook_rotary", make_hook(mask[b])) for b in range(cfg.depth) if mask[b].any()]
+    hooks = [
+        (f"blocks.{b}.attn.hook_rotary", make_hook(mask[b]))
+        for b in range(cfg.depth)
+        if mask[b].any()
+    ]
     with model.hooks(hooks):
         yield mask
 
@@ -113,7 +121,9 @@ class AxisMap:
         """Plane indices following `axis`, when the same in every block and head (axial RoPE)."""
         m = self.axis == axis
         if not (m == m[:1, :1]).all():
-            raise UserError(f"the {axis} planes differ between blocks or heads; use the [depth, H, P] mask")
+            raise UserError(
+                f"the {axis} planes differ between blocks or heads; use the [depth, H, P] mask"
+            )
         return tuple(int(p) for p in np.flatnonzero(m[0, 0]))
 
     @property
@@ -138,7 +148,9 @@ def axis_map(model: ViT, grid: tuple[int, int] | None = None, threshold: float =
     gh, gw = grid or (cfg.grid, cfg.grid)
     if gh < 2 or gw < 2:
         raise UserError(f"axis map needs a grid of at least 2x2 patches, got {gh}x{gw}")
-    x = torch.zeros(1, cfg.in_chans, gh * cfg.patch_size, gw * cfg.patch_size, device=model.head.weight.device)
+    x = torch.zeros(
+        1, cfg.in_chans, gh * cfg.patch_size, gw * cfg.patch_size, device=model.head.weight.device
+    )
     names = [f"blocks.{b}.attn.hook_rotary" for b in range(cfg.depth)]
     _, cache = model.run_with_cache(x, names)
     tables = torch.stack([cache[n] for n in names]).double()  # [depth, 2, H, T, P]
@@ -155,7 +167,9 @@ def axis_map(model: ViT, grid: tuple[int, int] | None = None, threshold: float =
     axis = np.where(moving, axis, "none")
     direction = np.degrees(np.arctan2(s_row, s_col))
     norm2 = s_row**2 + s_col**2
-    alignment = np.where(norm2 > 0, np.abs(s_col**2 - s_row**2) / np.where(norm2 > 0, norm2, 1.0), 0.0)
+    alignment = np.where(
+        norm2 > 0, np.abs(s_col**2 - s_row**2) / np.where(norm2 > 0, norm2, 1.0), 0.0
+    )
     return AxisMap(f_row, f_col, score, axis, direction, alignment, threshold)
 
 

@@ -31,8 +31,12 @@ class ModelConfig:
     heads: int = 4
     mlp_ratio: float = 4.0
     posenc: str = "rope_axial"
-    rope_theta: float = 100.0  # temperature: plane i turns at theta^(-i/(planes per axis)) rad/patch
-    rope_layout: str = "interleaved"  # plane p rotates channels (2p, 2p+1), or (p, p + dh/2) if "half"
+    rope_theta: float = (
+        100.0  # temperature: plane i turns at theta^(-i/(planes per axis)) rad/patch
+    )
+    rope_layout: str = (
+        "interleaved"  # plane p rotates channels (2p, 2p+1), or (p, p + dh/2) if "half"
+    )
     ape_init_std: float = 0.02
     cls_token: bool = True
     num_registers: int = 0
@@ -41,7 +45,15 @@ class ModelConfig:
     norm_eps: float = 1e-6
 
     def __post_init__(self) -> None:
-        for name in ("image_size", "patch_size", "in_chans", "num_classes", "dim", "depth", "heads"):
+        for name in (
+            "image_size",
+            "patch_size",
+            "in_chans",
+            "num_classes",
+            "dim",
+            "depth",
+            "heads",
+        ):
             positive_int(f"model.{name}", getattr(self, name))
         positive_int("model.num_registers", self.num_registers, allow_zero=True)
         for name in ("mlp_ratio", "rope_theta", "norm_eps"):
@@ -49,7 +61,9 @@ class ModelConfig:
         positive_float("model.ape_init_std", self.ape_init_std, allow_zero=True)
         for name in ("cls_token", "qkv_bias"):
             if not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"model.{name} must be true or false, got {getattr(self, name)!r}")
+                raise ConfigError(
+                    f"model.{name} must be true or false, got {getattr(self, name)!r}"
+                )
         one_of("model.posenc", self.posenc, POSENCS)
         one_of("model.rope_layout", self.rope_layout, ROPE_LAYOUTS)
         one_of("model.pool", self.pool, POOLS)
@@ -59,7 +73,9 @@ class ModelConfig:
                 f"model.patch_size ({self.patch_size})"
             )
         if self.dim % self.heads:
-            raise ConfigError(f"model.dim ({self.dim}) is not divisible by model.heads ({self.heads})")
+            raise ConfigError(
+                f"model.dim ({self.dim}) is not divisible by model.heads ({self.heads})"
+            )
         if self.uses_rope and self.head_dim % 4:
             raise ConfigError(
                 f"rotary encodings need a head dimension divisible by 4 (two axes x channel "

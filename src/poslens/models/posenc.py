@@ -14,7 +14,9 @@ import torch.nn.functional as F
 from torch import nn
 
 
-def grid_coords(gh: int, gw: int, device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def grid_coords(
+    gh: int, gw: int, device: torch.device | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(row, col) of each patch token, both [gh * gw] float, row-major."""
     row, col = torch.meshgrid(
         torch.arange(gh, device=device, dtype=torch.float32),
@@ -24,7 +26,9 @@ def grid_coords(gh: int, gw: int, device: torch.device | None = None) -> tuple[t
     return row.flatten(), col.flatten()
 
 
-def resample_pos_embed(pos: torch.Tensor, old: tuple[int, int], new: tuple[int, int]) -> torch.Tensor:
+def resample_pos_embed(
+    pos: torch.Tensor, old: tuple[int, int], new: tuple[int, int]
+) -> torch.Tensor:
     """Bicubically resample a [1, gh*gw, D] absolute embedding to another grid (as timm does)."""
     if old == new:
         return pos

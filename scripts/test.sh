@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Set up .venv with the [timm] extra (so the timm parity tests run) and run the whole test suite.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh --timm
+.venv/bin/ruff check src tests benchmarks
+POSLENS_REQUIRE_TIMM=1 .venv/bin/python -m pytest "$@"

@@ -1,0 +1,121 @@
+"""Command line: parses arguments, calls the Python API, maps user errors to exit code 2."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn
+
+from poslens.errors import UserError
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a usage error as one line and exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"poslens: error: {message} (see {self.prog} --help)\n")
+
+
+def _run_configs(args: argparse.Namespace) -> list[tuple[str, object]]:
+    from poslens.training.config import apply_overrides, load_config, preset
+
+    if args.config and args.preset:
+        raise UserError("give either --preset or --config, not both")
+    if args.config:
+        runs = [(Path(args.config).stem, load_config(args.config))]
+    else:
+        runs = [(name, preset(name)) for name in (args.preset or ["rope_axial"])]
+    return [(name, apply_overrides(cfg, args.set or [])) for name, cfg in runs]
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from poslens.training.train import train
+
+    runs = _run_configs(args)
+    out = Path(args.out)
+    results = []
+    for name, cfg in runs:
+        target = out / name if len(runs) > 1 else out
+        m = train(
+            cfg, target, resume=args.resume, progress=not args.no_progress, device=args.device
+        )
+        results.append((name, m, target))
+    print(
+        f"{'model':<16}{'train':>8}{'val':>8}{'test':>8}{'chance':>8}{'steps→90%':>11}{'time':>8}  checkpoint"
+    )
+    for name, m, target in results:
+        s90 = m["steps_to_90"] if m["steps_to_90"] is not None else "-"
+        print(
+            f"{name:<16}{m['train']['acc']:>8.1%}{m['val']['acc']:>8.1%}{m['test']['acc']:>8.1%}"
+            f"{m['chance']:>8.1%}{s90!s:>11}{m['train_seconds']:>7.0f}s  {target}"
+        )
+    return 0
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    import poslens
+
+    model = poslens.load(args.checkpoint)
+    cfg = model.cfg
+    print(
+        f"{args.checkpoint}: ViT posenc={cfg.posenc} depth={cfg.depth} dim={cfg.dim} heads={cfg.heads} "
+        f"grid={cfg.grid}x{cfg.grid} prefix={cfg.num_prefix} params={model.num_params():,}"
+    )
+    if args.hooks:
+        print("\n".join(model.hook_names()))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from poslens.models.config import POSENCS
+
+    p = _Parser(
+        prog="poslens", description="How ViTs represent patch position, under APE and RoPE."
+    )
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    t = sub.add_parser("train", help="train a small ViT on a built-in task")
+    t.add_argument(
+        "--preset",
+        action="append",
+        choices=POSENCS,
+        help="default config with this encoding (repeatable)",
+    )
+    t.add_argument("--config", help="TOML run config with [model], [data], [train] tables")
+    t.add_argument(
+        "--set", action="append", metavar="SECTION.FIELD=VALUE", help="override one config field"
+    )
+    t.add_argument(
+        "--out", required=True, help="checkpoint folder (one subfolder per preset if several)"
+    )
+    t.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
+    t.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
+    t.add_argument("--no-progress", action="store_true", help="no progress bar")
+    t.set_defaults(fn=cmd_train)
+
+    i = sub.add_parser("info", help="describe a checkpoint")
+    i.add_argument("checkpoint")
+    i.add_argument("--hooks", action="store_true", help="list every hook point name")
+    i.set_defaults(fn=cmd_info)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.fn(args))
+    except UserError as e:
+        print(f"poslens: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(
+            "poslens: interrupted (finished checkpoints are kept; rerun with --resume)",
+            file=sys.stderr,
+        )
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,126 @@
+"""Training configuration, the run bundle (model + data + train), presets and TOML loading."""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from poslens._config import from_dict, one_of, positive_float, positive_int
+from poslens.data import DataConfig
+from poslens.errors import ConfigError
+from poslens.models.config import POSENCS, ModelConfig
+
+PRECISIONS = ("auto", "fp32", "bf16")
+# Model fields that always come from the data task, so the two can never disagree.
+FROM_DATA = ("image_size", "in_chans", "num_classes")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Optimiser and schedule: AdamW, linear warmup then cosine decay to zero."""
+
+    steps: int = 1500
+    batch_size: int = 128
+    lr: float = 3e-3
+    weight_decay: float = 0.05
+    warmup_frac: float = 0.05
+    grad_clip: float = 1.0
+    precision: str = "auto"  # "auto": bf16 autocast where the CPU/GPU has native bf16, else fp32
+    eval_every: int = 250
+    eval_images: int = 1000  # images of the val split scored at each periodic evaluation
+    ckpt_every: int = 500
+    seed: int = 0
+    threads: int = 0  # torch intra-op threads; 0 = all cores
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "eval_every", "eval_images", "ckpt_every"):
+            positive_int(f"train.{name}", getattr(self, name))
+        positive_int("train.seed", self.seed, allow_zero=True)
+        positive_int("train.threads", self.threads, allow_zero=True)
+        positive_float("train.lr", self.lr)
+        for name in ("weight_decay", "grad_clip"):
+            positive_float(f"train.{name}", getattr(self, name), allow_zero=True)
+        if not 0 <= self.warmup_frac < 1:
+            raise ConfigError(f"train.warmup_frac must be in [0, 1), got {self.warmup_frac!r}")
+        one_of("train.precision", self.precision, PRECISIONS)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything that defines a trained model: its shape, its data and how it was trained."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": asdict(self.model), "data": asdict(self.data), "train": asdict(self.train)}
+
+    @classmethod
+    def from_dict(cls, d: Any, base: RunConfig | None = None) -> RunConfig:
+        """Parse {model:, data:, train:} tables over `base` (defaults if None)."""
+        if not isinstance(d, dict):
+            raise ConfigError("a run config must be a table with [model], [data] and [train]")
+        unknown = sorted(set(d) - {"model", "data", "train"})
+        if unknown:
+            raise ConfigError(f"unknown config section [{unknown[0]}] (known: model, data, train)")
+        base = base or cls()
+        model_d = dict(d.get("model", {}) or {})
+        for key in FROM_DATA:
+            if key in model_d:
+                raise ConfigError(
+                    f"model.{key} is taken from the data; set it in [data] or remove it"
+                )
+        parts = {}
+        for name, klass in (("model", ModelConfig), ("data", DataConfig), ("train", TrainConfig)):
+            section = model_d if name == "model" else d.get(name, {}) or {}
+            merged = (
+                {**asdict(getattr(base, name)), **section} if isinstance(section, dict) else section
+            )
+            parts[name] = from_dict(klass, merged, name)
+        return cls(**parts)
+
+
+def preset(name: str) -> RunConfig:
+    """The default small config with the named positional encoding (`poslens train --preset NAME`).
+
+    Presets are named after the encoding: ape, sincos, rope_axial, rope_mixed, rope_axial_ape, none.
+    """
+    if name not in POSENCS:
+        raise ConfigError(f"unknown preset {name!r}; presets: {', '.join(POSENCS)}")
+    model = ModelConfig(posenc=name)
+    if name == "rope_mixed":
+        model = dataclasses.replace(model, rope_theta=10.0)  # Heo et al. use theta 10 for mixed
+    return RunConfig(model=model)
+
+
+def load_config(path: str | Path) -> RunConfig:
+    """Read a TOML run config; fields not given keep the defaults."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file not found: {p}")
+    try:
+        d = tomllib.loads(p.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"config file {p} is not valid TOML ({e})") from None
+    base = preset(d.pop("preset")) if isinstance(d.get("preset"), str) else None
+    return RunConfig.from_dict(d, base)
+
+
+def apply_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:
+    """Apply `section.field=value` overrides (value parsed as TOML, else taken as a string)."""
+    d: dict[str, dict[str, Any]] = {}
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        section, dot, fname = key.strip().partition(".")
+        if not sep or not dot or not fname:
+            raise ConfigError(f"override {item!r} must look like section.field=value")
+        try:
+            value = tomllib.loads(f"v = {raw.strip()}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = raw.strip()
+        d.setdefault(section, {})[fname] = value
+    return RunConfig.from_dict(d, cfg)

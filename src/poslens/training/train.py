@@ -1,0 +1,250 @@
+"""The training loop: AdamW, warmup + cosine, bf16 autocast, atomic safetensors checkpoints, resume.
+
+Each batch is a pure function of (data seed, step), and the optimiser state is checkpointed, so a
+run resumed from step s continues exactly as the uninterrupted run would have.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+import poslens
+from poslens.data import Task, build_task
+from poslens.errors import CheckpointError
+from poslens.io import load_tensors, read_json, read_metadata, save_tensors, write_json
+from poslens.models.vit import ViT, build_model
+from poslens.training.config import RunConfig
+from poslens.training.progress import TrainProgress
+
+CONFIG, WEIGHTS, STATE, METRICS = (
+    "config.json",
+    "model.safetensors",
+    "train_state.safetensors",
+    "metrics.json",
+)
+
+
+def native_bf16(device: torch.device) -> bool:
+    """True when bf16 matmuls run natively (AMX/AVX512-BF16 on CPU, Ampere+ on CUDA)."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
+def resolve_precision(precision: str, device: torch.device) -> str:
+    if precision == "auto":
+        return "bf16" if native_bf16(device) else "fp32"
+    return precision
+
+
+def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager[Any]:
+    if precision == "bf16":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def lr_at(step: int, total: int, base: float, warmup_frac: float) -> float:
+    """Linear warmup over the first warmup_frac of steps, then cosine decay to zero."""
+    warm = max(1, round(total * warmup_frac))
+    if step < warm:
+        return base * (step + 1) / warm
+    t = (step - warm) / max(1, total - warm)
+    return base * 0.5 * (1 + math.cos(math.pi * min(1.0, t)))
+
+
+def make_optimizer(model: ViT, cfg: RunConfig) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices only (not on biases, norms, tokens or embeddings)."""
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        is_matrix = p.ndim >= 2 and name.endswith("weight")
+        (decay if is_matrix else no_decay).append(p)
+    groups = [
+        {"params": decay, "weight_decay": cfg.train.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=cfg.train.lr, betas=(0.9, 0.999))
+
+
+@torch.no_grad()
+def evaluate(
+    model: ViT,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    precision: str = "fp32",
+    batch_size: int = 500,
+) -> dict[str, float]:
+    """Accuracy and mean cross-entropy over a fixed set."""
+    was_training = model.training
+    model.eval()
+    device = model.head.weight.device
+    correct, loss = 0, 0.0
+    for s in range(0, len(images), batch_size):
+        x, y = images[s : s + batch_size].to(device), labels[s : s + batch_size].to(device)
+        with autocast(precision, device):
+            logits = model(x).float()
+        correct += int((logits.argmax(-1) == y).sum())
+        loss += float(F.cross_entropy(logits, y, reduction="sum"))
+    model.train(was_training)
+    n = max(1, len(images))
+    return {"acc": correct / n, "loss": loss / n}
+
+
+def model_config_for(cfg: RunConfig, task: Task) -> RunConfig:
+    """Take image size, channels and classes from the task so model and data always agree."""
+    model = dataclasses.replace(
+        cfg.model, image_size=task.image_size, in_chans=task.in_chans, num_classes=task.num_classes
+    )
+    return dataclasses.replace(cfg, model=model)
+
+
+def save_checkpoint(
+    out: Path, model: ViT, opt: torch.optim.Optimizer, cfg: RunConfig, step: int, history: list
+) -> None:
+    """Weights, optimiser state and config, each file written atomically; the state file last."""
+    meta = {"step": str(step), "poslens": poslens.__version__}
+    write_json(out / CONFIG, {"poslens_version": poslens.__version__, **cfg.to_dict()})
+    save_tensors(out / WEIGHTS, model.state_dict(), meta)
+    names = {id(p): n for n, p in model.named_parameters()}
+    state: dict[str, torch.Tensor] = {}
+    for group in opt.param_groups:
+        for p in group["params"]:
+            for key, value in opt.state.get(p, {}).items():
+                state[f"{names[id(p)]}::{key}"] = torch.as_tensor(value)
+    meta_state = {**meta, "history": json.dumps(history)}
+    save_tensors(out / STATE, state, meta_state)
+
+
+def load_resume_state(out: Path, model: ViT, opt: torch.optim.Optimizer) -> tuple[int, list]:
+    """Restore weights and optimiser from `out`; returns (step, eval history)."""
+    meta_w, meta_s = read_metadata(out / WEIGHTS), read_metadata(out / STATE)
+    if meta_w.get("step") != meta_s.get("step"):
+        raise CheckpointError(
+            f"checkpoint in {out} is inconsistent (weights at step {meta_w.get('step')}, "
+            f"optimiser at step {meta_s.get('step')})"
+        )
+    model.load_state_dict(load_tensors(out / WEIGHTS))
+    params = dict(model.named_parameters())
+    flat = load_tensors(out / STATE)
+    for key, value in flat.items():
+        pname, _, skey = key.partition("::")
+        if pname not in params:
+            raise CheckpointError(f"optimiser state in {out} names unknown parameter {pname}")
+        opt.state[params[pname]][skey] = value
+    return int(meta_s["step"]), json.loads(meta_s.get("history", "[]"))
+
+
+def train(
+    cfg: RunConfig,
+    out: str | Path,
+    resume: bool = False,
+    progress: bool = True,
+    device: str = "cpu",
+) -> dict[str, Any]:
+    """Train one model, checkpointing into `out`; returns (and writes) the final metrics."""
+    out = Path(out)
+    dev = torch.device(device)
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
+    task = build_task(cfg.data)
+    cfg = model_config_for(cfg, task)
+    precision = resolve_precision(cfg.train.precision, dev)
+    model = build_model(cfg.model, seed=cfg.train.seed).to(dev)
+    opt = make_optimizer(model, cfg)
+    val_x, val_y = task.split("val")
+    val_x, val_y = val_x[: cfg.train.eval_images], val_y[: cfg.train.eval_images]
+
+    start, history = 0, []
+    if resume and (out / STATE).is_file():
+        saved = read_json(out / CONFIG, "checkpoint config")
+        saved.pop("poslens_version", None)
+        if saved != cfg.to_dict():
+            raise CheckpointError(f"--resume: the config in {out} differs from the requested one")
+        start, history = load_resume_state(out, model, opt)
+    elif (out / STATE).is_file() or (out / METRICS).is_file():
+        raise CheckpointError(
+            f"{out} already holds a run; pass --resume to continue it or pick another --out"
+        )
+
+    total, bs = cfg.train.steps, cfg.train.batch_size
+    model.train()
+    t0, trained_images = time.perf_counter(), 0
+    bar = TrainProgress(total, start, enabled=progress, label=cfg.model.posenc)
+    with bar:
+        for step in range(start, total):
+            x, y = task.train_batch(step, bs)
+            x, y = x.to(dev), y.to(dev)
+            lr = lr_at(step, total, cfg.train.lr, cfg.train.warmup_frac)
+            for g in opt.param_groups:
+                g["lr"] = lr
+            with autocast(precision, dev):
+                logits = model(x)
+            loss = F.cross_entropy(logits.float(), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if cfg.train.grad_clip:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
+            opt.step()
+            trained_images += bs
+            done = step + 1
+            rate = trained_images / (time.perf_counter() - t0)
+            loss_value = loss.item()
+            bar.update(done, loss=loss_value, images_per_s=rate)
+            if done % cfg.train.eval_every == 0 or done == total:
+                ev = evaluate(model, val_x, val_y, precision)
+                history.append(
+                    {
+                        "step": done,
+                        "val_acc": ev["acc"],
+                        "val_loss": ev["loss"],
+                        "train_loss": loss_value,
+                    }
+                )
+                bar.log_eval(done, ev["acc"])
+            if done % cfg.train.ckpt_every == 0 and done != total:
+                save_checkpoint(out, model, opt, cfg, done, history)
+    wall = time.perf_counter() - t0
+
+    model.eval()
+    test_x, test_y = task.split("test")
+    # training accuracy on the images of the last training steps (each step's batch is reproducible)
+    last = [
+        task.train_batch(s, bs)
+        for s in range(total - 1, max(-1, total - 1 - math.ceil(len(test_y) / bs)), -1)
+    ]
+    train_x, train_y = torch.cat([b[0] for b in last]), torch.cat([b[1] for b in last])
+    metrics = {
+        "posenc": cfg.model.posenc,
+        "task": cfg.data.task,
+        "steps": total,
+        "train": evaluate(model, train_x, train_y, precision),
+        "val": evaluate(model, *task.split("val"), precision),
+        "test": evaluate(model, test_x, test_y, precision),
+        "chance": 1.0 / task.num_classes,
+        "steps_to_90": next((h["step"] for h in history if h["val_acc"] >= 0.9), None),
+        "history": history,
+        "precision": precision,
+        "num_params": model.num_params(),
+        "train_images_per_s": trained_images / wall if wall > 0 and trained_images else None,
+        "train_seconds": wall,
+        "resumed_from": start,
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "machine": platform.machine(),
+    }
+    save_checkpoint(out, model, opt, cfg, total, history)
+    write_json(out / METRICS, metrics)
+    return metrics
