@@ -6,9 +6,12 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from poslens.errors import UserError
+
+if TYPE_CHECKING:
+    from poslens.training.config import RunConfig
 
 
 class _Parser(argparse.ArgumentParser):
@@ -18,7 +21,7 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"poslens: error: {message} (see {self.prog} --help)\n")
 
 
-def _run_configs(args: argparse.Namespace) -> list[tuple[str, object]]:
+def _run_configs(args: argparse.Namespace) -> list[tuple[str, RunConfig]]:
     from poslens.training.config import apply_overrides, load_config, preset
 
     if args.config and args.preset:

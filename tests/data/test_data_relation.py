@@ -130,9 +130,9 @@ def test_flat_background_is_zero_off_the_objects_and_pink_is_not() -> None:
     pink = build_task(DataConfig(background="pink")).scenes("train", 0, 128)
     off = (pink.ref_alpha == 0) & (pink.target_alpha == 0)
     assert 0.8 < pink.images[off].std() < 1.2
-    # Objects stand out: full-coverage pixels are at `contrast` (3 +- 15%), above most noise.
-    full = pink.target_alpha == 1
-    assert np.all((pink.images[full] >= 3 * 0.85 - 1e-5) & (pink.images[full] <= 3 * 1.15 + 1e-5))
+    # Objects stand out: full-coverage pixels are at `contrast` (+- 15%), above most noise.
+    full, c = pink.target_alpha == 1, DataConfig().contrast
+    assert np.all((pink.images[full] >= c * 0.85 - 1e-5) & (pink.images[full] <= c * 1.15 + 1e-5))
 
 
 @pytest.mark.parametrize("background", ["pink", "flat"])

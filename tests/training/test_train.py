@@ -99,7 +99,7 @@ def test_lr_schedule_warms_up_then_decays_to_zero() -> None:
 
 
 def test_presets_and_overrides() -> None:
-    assert preset("rope_mixed").model.rope_theta == 10.0
+    assert preset("rope_mixed").model.posenc == "rope_mixed"
     cfg = apply_overrides(
         preset("ape"), ["train.steps=10", "model.depth=2", "data.relation=quadrant"]
     )

@@ -48,8 +48,13 @@ class DataConfig:
     path: str | None = None  # image folder, for task="folder"
     channels: int = 1  # 1 (grayscale) or 3 (RGB; procedural tasks repeat the gray channel)
     object_scale: float = 0.28  # glyph diameter / image_size (9 px at 32); animals are 4/3 larger
-    contrast: float = 3.0  # object brightness in units of the background's per-image std
-    margin: float = 2.0  # px; placements with ||d_row| - |d_col|| < margin are rejected
+    # Object brightness in units of the background's per-image std, and the distance (px) a
+    # placement must keep from a relation boundary (||d_row| - |d_col|| >= margin for "sector").
+    # Measured on RoPE-Axial (600 steps, batch 64): contrast 3 / margin 2 reached 60% val accuracy
+    # at step 400; contrast 5 / margin 4 reached 93%: a one-patch margin makes the relation
+    # decidable at patch resolution instead of half a patch.
+    contrast: float = 5.0
+    margin: float = 4.0
 
     def __post_init__(self) -> None:
         _check_choice("task", self.task, TASKS)

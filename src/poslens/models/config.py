@@ -31,12 +31,12 @@ class ModelConfig:
     heads: int = 4
     mlp_ratio: float = 4.0
     posenc: str = "rope_axial"
-    rope_theta: float = (
-        100.0  # temperature: plane i turns at theta^(-i/(planes per axis)) rad/patch
-    )
-    rope_layout: str = (
-        "interleaved"  # plane p rotates channels (2p, 2p+1), or (p, p + dh/2) if "half"
-    )
+    # RoPE temperature: plane i of an axis turns theta^(-i / (planes per axis)) rad per patch.
+    # Heo et al. use 100 (axial, 14x14 grid); on the default 8x8 grid the slowest planes then turn
+    # by only 0.13 rad across the image, and theta 10 learned the relation task about 2x faster.
+    rope_theta: float = 10.0
+    # Plane p rotates channels (2p, 2p+1) ("interleaved") or (p, p + dh/2) ("half").
+    rope_layout: str = "interleaved"
     ape_init_std: float = 0.02
     cls_token: bool = True
     num_registers: int = 0

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -91,10 +90,7 @@ def preset(name: str) -> RunConfig:
     """
     if name not in POSENCS:
         raise ConfigError(f"unknown preset {name!r}; presets: {', '.join(POSENCS)}")
-    model = ModelConfig(posenc=name)
-    if name == "rope_mixed":
-        model = dataclasses.replace(model, rope_theta=10.0)  # Heo et al. use theta 10 for mixed
-    return RunConfig(model=model)
+    return RunConfig(model=ModelConfig(posenc=name))
 
 
 def load_config(path: str | Path) -> RunConfig:

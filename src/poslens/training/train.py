@@ -114,37 +114,42 @@ def model_config_for(cfg: RunConfig, task: Task) -> RunConfig:
 def save_checkpoint(
     out: Path, model: ViT, opt: torch.optim.Optimizer, cfg: RunConfig, step: int, history: list
 ) -> None:
-    """Weights, optimiser state and config, each file written atomically; the state file last."""
+    """Config, weights (for loading) and the resume state, each file written atomically.
+
+    The resume state holds weights and optimiser moments in one file, so a kill between two
+    writes can never pair weights of one step with moments of another.
+    """
     meta = {"step": str(step), "poslens": poslens.__version__}
+    weights = model.state_dict()
     write_json(out / CONFIG, {"poslens_version": poslens.__version__, **cfg.to_dict()})
-    save_tensors(out / WEIGHTS, model.state_dict(), meta)
+    save_tensors(out / WEIGHTS, weights, meta)
     names = {id(p): n for n, p in model.named_parameters()}
-    state: dict[str, torch.Tensor] = {}
+    state = {f"model::{k}": v for k, v in weights.items()}
     for group in opt.param_groups:
         for p in group["params"]:
             for key, value in opt.state.get(p, {}).items():
-                state[f"{names[id(p)]}::{key}"] = torch.as_tensor(value)
-    meta_state = {**meta, "history": json.dumps(history)}
-    save_tensors(out / STATE, state, meta_state)
+                state[f"optim::{names[id(p)]}::{key}"] = torch.as_tensor(value)
+    save_tensors(out / STATE, state, {**meta, "history": json.dumps(history)})
 
 
 def load_resume_state(out: Path, model: ViT, opt: torch.optim.Optimizer) -> tuple[int, list]:
-    """Restore weights and optimiser from `out`; returns (step, eval history)."""
-    meta_w, meta_s = read_metadata(out / WEIGHTS), read_metadata(out / STATE)
-    if meta_w.get("step") != meta_s.get("step"):
-        raise CheckpointError(
-            f"checkpoint in {out} is inconsistent (weights at step {meta_w.get('step')}, "
-            f"optimiser at step {meta_s.get('step')})"
-        )
-    model.load_state_dict(load_tensors(out / WEIGHTS))
-    params = dict(model.named_parameters())
+    """Restore weights and optimiser moments from the resume state; returns (step, history)."""
+    meta = read_metadata(out / STATE)
     flat = load_tensors(out / STATE)
+    weights = {k.removeprefix("model::"): v for k, v in flat.items() if k.startswith("model::")}
+    try:
+        model.load_state_dict(weights)
+    except RuntimeError:
+        raise CheckpointError(f"the resume state in {out} does not fit this model") from None
+    params = dict(model.named_parameters())
     for key, value in flat.items():
-        pname, _, skey = key.partition("::")
+        if not key.startswith("optim::"):
+            continue
+        pname, _, skey = key.removeprefix("optim::").partition("::")
         if pname not in params:
             raise CheckpointError(f"optimiser state in {out} names unknown parameter {pname}")
         opt.state[params[pname]][skey] = value
-    return int(meta_s["step"]), json.loads(meta_s.get("history", "[]"))
+    return int(meta["step"]), json.loads(meta.get("history", "[]"))
 
 
 def train(
