@@ -37,7 +37,9 @@ class ModelConfig:
     rope_theta: float = 10.0
     # Plane p rotates channels (2p, 2p+1) ("interleaved") or (p, p + dh/2) ("half").
     rope_layout: str = "interleaved"
-    ape_init_std: float = 0.02
+    # Learned APE init std. timm uses 0.02; on the default task (600 steps, batch 64) APE reached
+    # 27% / 31% val accuracy with std 0.02 at lr 1e-3 / 3e-3, 49% / 16% with std 0.3.
+    ape_init_std: float = 0.3
     cls_token: bool = True
     num_registers: int = 0
     pool: str = "cls"
