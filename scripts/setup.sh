@@ -17,12 +17,9 @@ have() { "$VENV/bin/python" -c "import $1" >/dev/null 2>&1; }
 if [ $want_timm = 1 ]; then
   # torchvision must come from the same release pair as torch, installed in one command, before timm
   if ! have torchvision; then pip install torch==2.14.1 torchvision==0.29.1; fi
-  pip install -e '.[timm,dev]'
+  pip install -e '.[timm,dev,animals]'
 else
   if ! have torch; then pip install torch==2.13.0; fi
-  pip install -e '.[dev]'
+  pip install -e '.[dev,animals]'
 fi
-# Real silhouettes for the "animals" task. Its own loader imports tensorflow, which poslens never
-# uses (it reads the bundled arrays with a restricted unpickler), hence --no-deps.
-pip install --no-deps animal-shape-mnist==0.39
 "$VENV/bin/python" -c "import torch, poslens; print(f'poslens {poslens.__version__} ready in $VENV (torch {torch.__version__})')"

@@ -4,4 +4,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh --timm
 .venv/bin/ruff check src tests benchmarks
-POSLENS_REQUIRE_TIMM=1 .venv/bin/python -m pytest "$@"
+POSLENS_FULL=1 .venv/bin/python -m pytest "$@"

@@ -11,8 +11,8 @@ from poslens.models import ModelConfig, build_model
 from poslens.models.posenc import apply_rotary, rotary_table
 from tests.conftest import TINY
 
-if os.environ.get("POSLENS_REQUIRE_TIMM") == "1":
-    import timm  # CI installs the [timm] extra: a missing timm must fail, not skip
+if os.environ.get("POSLENS_FULL") == "1":
+    import timm  # CI (POSLENS_FULL=1) installs the [timm] extra: a missing timm must fail, not skip
 else:
     timm = pytest.importorskip("timm")
 

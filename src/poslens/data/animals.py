@@ -38,7 +38,7 @@ SOURCE_CLASSES = (
 DATA_DIR = ("data", "Animal Shape")
 IMAGES_FILE = "animal_data_version_3.gz"
 LABELS_FILE = "animal_label_version_3.gz"
-INSTALL_HINT = "pip install --no-deps animal-shape-mnist==0.39 (or pip install 'poslens[animals]')"
+INSTALL_HINT = "pip install 'poslens[animals]' (or pip install animal-shape-mnist==0.39)"
 ANIMAL_SCALE = 4 / 3  # silhouettes have fine detail: draw them 4/3 the glyph size (12 px at 32)
 
 # The only globals a pickled ndarray needs. _reconstruct lives in numpy.core (numpy 1) or
