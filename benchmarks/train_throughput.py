@@ -72,7 +72,7 @@ def images_per_s(
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--batch", type=int, default=128)
+    p.add_argument("--batch", type=int, default=64, help="default: the training default")
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args()
     torch.manual_seed(0)
