@@ -45,6 +45,12 @@ def cmd_train(args: argparse.Namespace) -> int:
             cfg, target, resume=args.resume, progress=not args.no_progress, device=args.device
         )
         results.append((name, m, target))
+    if len(results) > 1:
+        from poslens.io import atomic_write
+        from poslens.training.plots import learning_curves
+
+        fig = learning_curves({name: m for name, m, _ in results})
+        atomic_write(out / "learning_curves.png", lambda p: fig.savefig(p, format="png", dpi=120))
     print(
         f"{'model':<16}{'train':>8}{'val':>8}{'test':>8}{'chance':>8}{'steps→90%':>11}{'time':>8}  checkpoint"
     )

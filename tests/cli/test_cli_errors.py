@@ -186,3 +186,4 @@ def test_train_cli_prints_the_accuracy_table(
     assert (tmp_path / "ape" / "metrics.json").is_file() and (
         tmp_path / "none" / "model.safetensors"
     ).is_file()
+    assert (tmp_path / "learning_curves.png").read_bytes()[:4] == b"\x89PNG"
