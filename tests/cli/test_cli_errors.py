@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import pickle
 import subprocess
 import sys
@@ -11,7 +12,7 @@ import pytest
 import torch
 
 from poslens.cli import main
-from poslens.io import save_tensors, write_json
+from poslens.io import load_tensors, save_tensors, write_json
 from tests.conftest import TINY
 
 TINY_SET = [
@@ -38,7 +39,6 @@ def _checkpoint(folder: Path) -> Path:
 
 def bad_cases(tmp: Path) -> list[tuple[list[str], str]]:
     """(argv, expected fragment of the message)."""
-    toml = tmp / "bad.toml"
     cases: list[tuple[list[str], str]] = []
 
     def cfg(text: str, name: str) -> str:
@@ -81,7 +81,6 @@ def bad_cases(tmp: Path) -> list[tuple[list[str], str]]:
         (["train", "--preset", "rope5"], "invalid choice"),
         (["info", str(tmp / "nowhere")], "checkpoint not found"),
     ]
-    toml.write_text("")
     ck = _checkpoint(tmp / "ck_trunc")
     data = (ck / "model.safetensors").read_bytes()
     (ck / "model.safetensors").write_bytes(data[: len(data) // 2])
@@ -93,12 +92,7 @@ def bad_cases(tmp: Path) -> list[tuple[list[str], str]]:
     torch.save({"w": torch.zeros(2)}, ck / "model.safetensors")
     cases.append((["info", str(ck)], "poslens never unpickles"))
     ck = _checkpoint(tmp / "ck_shape")
-    sd = {
-        k: v
-        for k, v in __import__("poslens.io", fromlist=["load_tensors"])
-        .load_tensors(ck / "model.safetensors")
-        .items()
-    }
+    sd = load_tensors(ck / "model.safetensors")
     sd["head.weight"] = torch.zeros(3, 3)
     save_tensors(ck / "model.safetensors", sd)
     cases.append((["info", str(ck)], "tensor head.weight has shape (3, 3)"))
@@ -119,7 +113,9 @@ def test_every_bad_input_is_one_line_exit_2_and_writes_nothing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     for argv, fragment in bad_cases(tmp_path):
-        with pytest.raises(SystemExit) if "invalid choice" in fragment else _no_raise():
+        with (
+            pytest.raises(SystemExit) if "invalid choice" in fragment else contextlib.nullcontext()
+        ):
             code = main(argv)
             assert code == 2, argv
         err = capsys.readouterr().err.strip()
@@ -127,14 +123,6 @@ def test_every_bad_input_is_one_line_exit_2_and_writes_nothing(
         assert fragment in err and err.startswith("poslens: error:"), (argv, err)
         assert "Traceback" not in err
         assert not (tmp_path / "out").exists(), argv
-
-
-class _no_raise:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> bool:
-        return False
 
 
 def test_real_entry_point_exit_code_and_single_line(tmp_path: Path) -> None:
