@@ -1,0 +1,62 @@
+"""SSDC: does token similarity fall with grid distance? Streaming over batches, memory O(T^2).
+
+SSDC = Spearman rank correlation, over patch-token pairs i < j, between the image-averaged cosine
+similarity S_ij and minus the Manhattan grid distance D_ij = |row_i - row_j| + |col_i - col_j|.
++1 when similarity falls exactly with distance, -1 when it rises, about 0 for noise.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from scipy.stats import rankdata
+
+
+def manhattan_distance(gh: int, gw: int) -> np.ndarray:
+    """D [gh*gw, gh*gw]: grid distance between row-major patch tokens."""
+    k = np.arange(gh * gw)
+    row, col = k // gw, k % gw
+    return np.abs(row[:, None] - row[None, :]) + np.abs(col[:, None] - col[None, :])
+
+
+def ssdc_from_similarity(sim: np.ndarray, gh: int, gw: int) -> float:
+    """Spearman correlation of the upper triangle of `sim` [T, T] with -D (T = gh * gw)."""
+    n = gh * gw
+    if sim.shape != (n, n):
+        raise ValueError(f"similarity is {sim.shape}, expected ({n}, {n}) for a {gh}x{gw} grid")
+    iu = np.triu_indices(n, k=1)
+    a, b = rankdata(sim[iu]), rankdata(-manhattan_distance(gh, gw)[iu])
+    a, b = a - a.mean(), b - b.mean()
+    denom = np.sqrt((a * a).sum() * (b * b).sum())
+    return float((a * b).sum() / denom) if denom > 0 else 0.0
+
+
+class SSDC:
+    """Streaming SSDC: feed patch tokens [B, T, D] batch by batch, read `value()` at the end.
+
+    Keeps only the running sum of per-image cosine-similarity matrices (float64, [T, T]).
+    """
+
+    def __init__(self, gh: int, gw: int) -> None:
+        self.gh, self.gw = gh, gw
+        self.sum = torch.zeros(gh * gw, gh * gw, dtype=torch.float64)
+        self.count = 0
+
+    @torch.no_grad()
+    def update(self, tokens: torch.Tensor) -> None:
+        """Add a batch of patch tokens [B, T, D] (prefix tokens already removed)."""
+        if tokens.shape[1] != self.gh * self.gw:
+            raise ValueError(f"got {tokens.shape[1]} tokens for a {self.gh}x{self.gw} grid")
+        unit = torch.nn.functional.normalize(tokens.double(), dim=-1)
+        self.sum += torch.einsum("btd,bsd->ts", unit, unit).cpu()
+        self.count += tokens.shape[0]
+
+    @property
+    def similarity(self) -> np.ndarray:
+        """Image-averaged cosine similarity [T, T]."""
+        if not self.count:
+            raise ValueError("SSDC has seen no images")
+        return (self.sum / self.count).numpy()
+
+    def value(self) -> float:
+        return ssdc_from_similarity(self.similarity, self.gh, self.gw)
