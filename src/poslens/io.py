@@ -44,9 +44,7 @@ def read_json(path: Path, what: str = "file") -> Any:
     try:
         return json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(
-            f"{what} {path} is not valid JSON ({e.msg if hasattr(e, 'msg') else e})"
-        ) from None
+        raise CheckpointError(f"{what} {path} is not valid JSON ({e})") from None
 
 
 def save_tensors(

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 
 from poslens.errors import UserError
+from poslens.models.hooks import HookFn
 from poslens.models.vit import ViT
 
 
@@ -30,19 +31,29 @@ def ape_zero(model: ViT) -> Iterator[None]:
         yield
 
 
-@contextlib.contextmanager
-def ape_permute(model: ViT, seed: int = 0) -> Iterator[torch.Tensor]:
-    """Shuffle the additive embedding across positions (same statistics, wrong places)."""
-    _require_additive(model)
+def _permute_tokens(seed: int) -> tuple[HookFn, Callable[[int], torch.Tensor]]:
+    """A hook permuting dimension 1 of [B, N, D] with a seeded permutation per N, and the lookup."""
     perms: dict[int, torch.Tensor] = {}
 
-    def hook(pos: torch.Tensor, _n: str) -> torch.Tensor:  # pos [1, N, D]
-        n = pos.shape[1]
-        perm = perms.setdefault(n, seeded_permutation(n, seed)).to(pos.device)
-        return pos[:, perm]
+    def perm_for(n: int) -> torch.Tensor:
+        return perms.setdefault(n, seeded_permutation(n, seed))
 
-    with model.hooks([("hook_pos_embed", hook)]):
-        yield perms.setdefault(model.cfg.grid**2, seeded_permutation(model.cfg.grid**2, seed))
+    def hook(x: torch.Tensor, _n: str) -> torch.Tensor:
+        return x[:, perm_for(x.shape[1]).to(x.device)]
+
+    return hook, perm_for
+
+
+@contextlib.contextmanager
+def ape_permute(model: ViT, seed: int = 0) -> Iterator[torch.Tensor]:
+    """Shuffle the additive embedding across positions (same statistics, wrong places).
+
+    Yields the permutation for the training grid.
+    """
+    _require_additive(model)
+    hook, perm_for = _permute_tokens(seed)
+    with model.hooks([("hook_pos_embed", hook)]):  # pos [1, N, D]
+        yield perm_for(model.cfg.grid**2)
 
 
 @contextlib.contextmanager
@@ -51,12 +62,6 @@ def rpi(model: ViT, seed: int = 0) -> Iterator[torch.Tensor]:
     before any position is added, so content moves while positional signals stay with the index.
     Yields the permutation for the training grid; other grids get their own seeded permutation.
     """
-    perms: dict[int, torch.Tensor] = {}
-
-    def hook(x: torch.Tensor, _n: str) -> torch.Tensor:  # x [B, N, D]
-        n = x.shape[1]
-        perm = perms.setdefault(n, seeded_permutation(n, seed)).to(x.device)
-        return x[:, perm]
-
-    with model.hooks([("hook_embed", hook)]):
-        yield perms.setdefault(model.cfg.grid**2, seeded_permutation(model.cfg.grid**2, seed))
+    hook, perm_for = _permute_tokens(seed)
+    with model.hooks([("hook_embed", hook)]):  # patch embeddings [B, N, D]
+        yield perm_for(model.cfg.grid**2)
