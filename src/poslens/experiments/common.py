@@ -1,0 +1,470 @@
+"""What every experiment shares: its config, the readout of a model under a condition, and output.
+
+A *condition* is a function `model -> context manager` that changes the model while active (a
+rotary mask, an ablation, ...). `measure` runs the evaluation images through the model under a
+condition and returns a Readout: per-image correctness and correct-class margin, SSDC per block
+(clean and under RPI, raw and normalised residual), and position probes at chosen blocks.
+
+Sites: "block b" is the residual entering block b (b = 0 is the embedded input) and the last
+site, labelled "out", is the residual after the final block. The raw residual is
+`blocks.b.hook_resid_pre`; the normalised one is the block's attention input `blocks.b.ln1`
+(`ln_final` for "out"). Probes read the normalised residual. Prefix tokens are always excluded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import math
+import sys
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, fields, is_dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Protocol, TypeVar
+
+import numpy as np
+import torch
+from matplotlib.figure import Figure
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from poslens._config import from_dict, one_of, positive_int
+from poslens.data import Task
+from poslens.errors import ConfigError, UserError
+from poslens.interventions import ape_zero, rotary_mask, rpi
+from poslens.io import atomic_write, write_json
+from poslens.metrics import SSDC, PairedDiff, correct_class_margin, paired_diff
+from poslens.metrics.probes import TARGETS, ProbeResult, fit_position_probes
+from poslens.models.vit import ViT
+
+Condition = Callable[[ViT], contextlib.AbstractContextManager[Any]]
+
+
+def intact(_model: ViT) -> contextlib.AbstractContextManager[Any]:
+    """The unchanged model."""
+    return contextlib.nullcontext()
+
+
+def combine(*conditions: Condition) -> Condition:
+    """Several conditions active at once (entered in order, left in reverse)."""
+
+    @contextlib.contextmanager
+    def both(model: ViT) -> Iterator[None]:
+        with contextlib.ExitStack() as stack:
+            for c in conditions:
+                stack.enter_context(c(model))
+            yield
+
+    return both
+
+
+def floor_condition(model: ViT) -> Condition:
+    """Every positional signal removed: rotations off in all blocks and/or the added embedding
+    zeroed. For a model without position (posenc='none') this is the model itself."""
+    parts: list[Condition] = []
+    if model.cfg.uses_rope:
+        parts.append(lambda m: rotary_mask(m))
+    if model.cfg.uses_additive_pos:
+        parts.append(ape_zero)
+    return combine(*parts) if parts else intact
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    """Sample sizes and seeds shared by every experiment."""
+
+    n_images: int = 500  # evaluation images: accuracy, margins, SSDC
+    probe_images: int = 200  # the first images of those, split 60/20/20 for the probes
+    batch_size: int = 250
+    seed: int = 0  # RPI permutation, probe split, random draws
+    draws: int = 3  # seeded draws for every random control
+    split: str = "test"  # which fixed split of the task to evaluate on
+    probe_block: int = -1  # site for single-block probes; -1: chosen from the baseline
+
+    def __post_init__(self) -> None:
+        for name in ("n_images", "probe_images", "batch_size", "draws"):
+            positive_int(f"analysis.{name}", getattr(self, name))
+        positive_int("analysis.seed", self.seed, allow_zero=True)
+        if self.probe_images < 10:
+            raise ConfigError(f"analysis.probe_images must be at least 10, got {self.probe_images}")
+        if self.probe_images > self.n_images:
+            raise ConfigError(
+                f"analysis.probe_images ({self.probe_images}) cannot exceed analysis.n_images "
+                f"({self.n_images})"
+            )
+        one_of("analysis.split", self.split, ("val", "test"))
+        if not isinstance(self.probe_block, int) or self.probe_block < -1:
+            raise ConfigError(
+                f"analysis.probe_block must be -1 (automatic) or a site index, got {self.probe_block!r}"
+            )
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ExperimentConfig:
+        return from_dict(cls, d, "analysis")
+
+
+C = TypeVar("C", bound=ExperimentConfig)
+
+
+def site_labels(model: ViT) -> list[str]:
+    """'0', '1', ..., 'out': the residual sites, in depth order."""
+    return [str(b) for b in range(model.cfg.depth)] + ["out"]
+
+
+def site_names(model: ViT) -> tuple[list[str], list[str]]:
+    """Hook names of the raw and the normalised residual at every site."""
+    d = model.cfg.depth
+    raw = [f"blocks.{b}.hook_resid_pre" for b in range(d)] + [f"blocks.{d - 1}.hook_resid_post"]
+    norm = [f"blocks.{b}.ln1.hook_normalized" for b in range(d)] + ["ln_final.hook_normalized"]
+    return raw, norm
+
+
+def check_site(model: ViT, site: int) -> int:
+    n = model.cfg.depth + 1
+    if not 0 <= site < n:
+        raise UserError(f"site {site} out of range: this model has sites 0..{n - 1} ({n - 1}=out)")
+    return site
+
+
+def eval_images(data: Task, cfg: ExperimentConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first cfg.n_images images and labels of the configured split."""
+    x, y = data.split(cfg.split)
+    if len(x) < cfg.n_images:
+        raise UserError(
+            f"the {cfg.split} split has {len(x)} images, fewer than analysis.n_images={cfg.n_images}"
+        )
+    return x[: cfg.n_images], y[: cfg.n_images]
+
+
+@dataclass(frozen=True)
+class Readout:
+    """What one condition did to the model, measured on the evaluation images.
+
+    SSDC arrays are [sites]; `probes` covers `probe_sites` only (None when no probes were asked).
+    """
+
+    correct: np.ndarray  # [N] bool
+    margin: np.ndarray  # [N] correct-class logit minus best other logit
+    ssdc_rpi: np.ndarray  # raw residual, under RPI
+    ssdc_rpi_norm: np.ndarray  # normalised residual, under RPI
+    ssdc_clean: np.ndarray | None
+    ssdc_clean_norm: np.ndarray | None
+    probes: ProbeResult | None
+    probe_sites: tuple[int, ...]
+
+    @property
+    def accuracy(self) -> float:
+        return float(self.correct.mean())
+
+    def probe_at(self, site: int) -> np.ndarray:
+        """Test accuracy [3] (exact, row, col) of the probes at this site."""
+        if self.probes is None or site not in self.probe_sites:
+            raise ValueError(f"no probes were fitted at site {site}")
+        return self.probes.test_acc[self.probe_sites.index(site)]
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-ready numbers (not the per-image arrays)."""
+        out: dict[str, Any] = {
+            "accuracy": self.accuracy,
+            "margin": float(self.margin.mean()),
+            "n_images": len(self.correct),
+            "ssdc_rpi": self.ssdc_rpi,
+            "ssdc_rpi_norm": self.ssdc_rpi_norm,
+        }
+        if self.ssdc_clean is not None:
+            out["ssdc_clean"], out["ssdc_clean_norm"] = self.ssdc_clean, self.ssdc_clean_norm
+        if self.probes is not None:
+            out["probes"] = {"sites": list(self.probe_sites), **self.probes.to_dict()}
+        return out
+
+
+@torch.no_grad()
+def measure(
+    model: ViT,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    cfg: ExperimentConfig,
+    condition: Condition = intact,
+    probe_sites: Sequence[int] = (),
+    clean_ssdc: bool = False,
+    probe_control: bool = False,
+) -> Readout:
+    """Evaluate `model` under `condition`: pass 1 on the images as they are (accuracy, margins,
+    probe features, clean SSDC), pass 2 under RPI (SSDC of index-anchored structure).
+
+    probe_control: fit the probes on shuffled labels instead (the chance-level control).
+    """
+    raw, norm = site_names(model)
+    p = model.cfg.num_prefix
+    dev = model.head.weight.device
+    probe_sites = tuple(check_site(model, s) for s in probe_sites)
+    feats: list[list[torch.Tensor]] = [[] for _ in probe_sites]
+    correct, margin = [], []
+    gh = gw = 0
+    clean: list[SSDC] = []
+    with condition(model):
+        for start in range(0, len(images), cfg.batch_size):
+            xb = images[start : start + cfg.batch_size].to(dev)
+            yb = labels[start : start + cfg.batch_size].to(dev)
+            gh, gw = model.grid_of(xb)
+            wanted = [norm[s] for s in probe_sites if start < cfg.probe_images]
+            wanted += (raw + norm) if clean_ssdc else []
+            logits, cache = model.run_with_cache(xb, sorted(set(wanted)))
+            correct.append((logits.argmax(-1) == yb).cpu())
+            margin.append(correct_class_margin(logits.float(), yb).cpu())
+            if start < cfg.probe_images:
+                keep = cfg.probe_images - start
+                for i, s in enumerate(probe_sites):
+                    feats[i].append(cache[norm[s]][:keep, p:].float().cpu())
+            if clean_ssdc:
+                if not clean:
+                    clean = [SSDC(gh, gw) for _ in raw + norm]
+                for acc, name in zip(clean, raw + norm, strict=True):
+                    acc.update(cache[name][:, p:])
+        under_rpi = [SSDC(gh, gw) for _ in raw + norm]
+        with rpi(model, seed=cfg.seed):
+            for start in range(0, len(images), cfg.batch_size):
+                _, cache = model.run_with_cache(
+                    images[start : start + cfg.batch_size].to(dev), raw + norm
+                )
+                for acc, name in zip(under_rpi, raw + norm, strict=True):
+                    acc.update(cache[name][:, p:])
+    n_sites = len(raw)
+    values = np.array([s.value() for s in under_rpi])
+    clean_values = np.array([s.value() for s in clean]) if clean_ssdc else None
+    probes = None
+    if probe_sites:
+        stacked = torch.stack([torch.cat(f) for f in feats])  # [sites, N, T, D]
+        probes = fit_position_probes(stacked, gh, gw, seed=cfg.seed, shuffle_labels=probe_control)
+    return Readout(
+        correct=torch.cat(correct).numpy(),
+        margin=torch.cat(margin).double().numpy(),
+        ssdc_rpi=values[:n_sites],
+        ssdc_rpi_norm=values[n_sites:],
+        ssdc_clean=None if clean_values is None else clean_values[:n_sites],
+        ssdc_clean_norm=None if clean_values is None else clean_values[n_sites:],
+        probes=probes,
+        probe_sites=probe_sites,
+    )
+
+
+def choose_probe_site(base: Readout) -> int:
+    """The site where the baseline position probes peak (mean over targets, chance-corrected);
+    among sites within half a point of the best, the one with the highest RPI-SSDC."""
+    assert base.probes is not None
+    acc, chance = base.probes.test_acc, np.array(base.probes.chance)
+    score = ((acc - chance) / (1 - chance)).mean(axis=1)  # [sites]
+    near = np.flatnonzero(score >= score.max() - 0.005)
+    sites = np.array(base.probe_sites)[near]
+    return int(sites[np.argmax(base.ssdc_rpi[sites])])
+
+
+def compare(cond: Readout, base: Readout) -> dict[str, PairedDiff]:
+    """Accuracy and margin differences (condition - baseline), paired over the same images."""
+    return {
+        "accuracy": paired_diff(cond.correct.astype(float), base.correct.astype(float)),
+        "margin": paired_diff(cond.margin, base.margin),
+    }
+
+
+# ---------------------------------------------------------------------------------- results
+
+
+class Result(Protocol):
+    """What every experiment returns: JSON-ready dict, CSV tables and a figure."""
+
+    name: ClassVar[str]
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+    def tables(self) -> dict[str, list[dict[str, Any]]]: ...
+
+    def plot(self) -> Figure: ...
+
+
+def jsonable(obj: Any) -> Any:
+    """Numpy arrays, numbers, dataclasses and PairedDiffs -> plain JSON values (NaN -> None)."""
+    if isinstance(obj, PairedDiff):
+        return {"mean": jsonable(obj.mean), "se": jsonable(obj.se), "n": obj.n}
+    if isinstance(obj, ProbeResult):
+        return jsonable(obj.to_dict())
+    if is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: jsonable(getattr(obj, f.name)) for f in fields(obj)}
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return jsonable(obj.tolist())
+    if isinstance(obj, (np.floating, float)):
+        v = float(obj)
+        return v if math.isfinite(v) else None
+    if isinstance(obj, (np.integer, np.bool_)):
+        return obj.item()
+    return obj
+
+
+def _csv_text(rows: list[dict[str, Any]]) -> str:
+    buf = io.StringIO()
+    columns = list(dict.fromkeys(k for r in rows for k in r))
+    writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
+    writer.writeheader()
+    for r in rows:
+        writer.writerow(
+            {k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in jsonable(r).items()}
+        )
+    return buf.getvalue()
+
+
+def save(result: Result, out: Path, formats: Iterable[str] = ("png",)) -> list[Path]:
+    """Write `<name>.json`, one `<name>_<table>.csv` per table and `<name>.<fmt>` figures, each
+    atomically. Returns the paths written."""
+    out.mkdir(parents=True, exist_ok=True)
+    written = [out / f"{result.name}.json"]
+    write_json(written[0], jsonable(result.to_dict()))
+    for table, rows in result.tables().items():
+        path = out / f"{result.name}_{table}.csv"
+        text = _csv_text(rows)
+        atomic_write(path, lambda p, text=text: p.write_text(text))
+        written.append(path)
+    fig = result.plot()
+    for fmt in formats:
+        path = out / f"{result.name}.{fmt}"
+        atomic_write(path, lambda p, fmt=fmt: fig.savefig(p, format=fmt, dpi=120))
+        written.append(path)
+    return written
+
+
+T = TypeVar("T")
+
+
+def track(items: Sequence[T], description: str, enabled: bool) -> Iterator[T]:
+    """Iterate with a progress bar on stderr (a no-op when disabled)."""
+    if not enabled:
+        yield from items
+        return
+    with Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+        console=Console(file=sys.stderr),
+    ) as bar:
+        task = bar.add_task(description, total=len(items))
+        for item in items:
+            yield item
+            bar.advance(task)
+
+
+def probe_rows(sites: Sequence[str], probes: ProbeResult, **extra: Any) -> list[dict[str, Any]]:
+    """CSV rows: one per (site, target) with test accuracy and chance."""
+    return [
+        {
+            **extra,
+            "site": site,
+            "target": t,
+            "test_acc": float(probes.test_acc[i, j]),
+            "chance": probes.chance[j],
+        }
+        for i, site in enumerate(sites)
+        for j, t in enumerate(TARGETS)
+    ]
+
+
+@dataclass(frozen=True)
+class ConditionResult:
+    """One condition against the intact baseline and the all-position-removed floor.
+
+    d_accuracy / d_margin: condition - baseline, paired over the same images. probe: test
+    accuracy [3] (exact, row, col) at the probe site. retention: per metric,
+    (condition - floor) / (baseline - floor), NaN where baseline equals the floor.
+    """
+
+    name: str
+    meta: dict[str, Any]
+    accuracy: float
+    margin: float
+    d_accuracy: PairedDiff
+    d_margin: PairedDiff
+    ssdc_rpi: np.ndarray  # [sites]
+    probe: np.ndarray | None  # [3] at the probe site
+    retention: dict[str, float]
+
+    def row(self, sites: Sequence[str], probe_site: int) -> dict[str, Any]:
+        """A flat CSV row."""
+        out: dict[str, Any] = {"condition": self.name, **self.meta}
+        out |= {"accuracy": self.accuracy, "d_accuracy": self.d_accuracy.mean}
+        out |= {"d_accuracy_se": self.d_accuracy.se, "margin": self.margin}
+        out |= {"d_margin": self.d_margin.mean, "d_margin_se": self.d_margin.se}
+        if self.probe is not None:
+            out |= {
+                f"probe_{t}@{sites[probe_site]}": float(a)
+                for t, a in zip(TARGETS, self.probe, strict=True)
+            }
+        out |= {f"ssdc_rpi@{s}": float(v) for s, v in zip(sites, self.ssdc_rpi, strict=True)}
+        out |= {f"retention_{k}": v for k, v in self.retention.items()}
+        return out
+
+
+def summarise(
+    name: str,
+    r: Readout,
+    base: Readout,
+    floor: Readout,
+    probe_site: int,
+    meta: dict[str, Any] | None = None,
+) -> ConditionResult:
+    """Condition `r` as differences from `base` and retention between `floor` and `base`."""
+    from poslens.metrics import retention
+
+    diffs = compare(r, base)
+    ret = {
+        "accuracy": retention(r.accuracy, base.accuracy, floor.accuracy),
+        "margin": retention(
+            float(r.margin.mean()), float(base.margin.mean()), float(floor.margin.mean())
+        ),
+        "ssdc_probe_site": retention(
+            r.ssdc_rpi[probe_site], base.ssdc_rpi[probe_site], floor.ssdc_rpi[probe_site]
+        ),
+        "ssdc_out": retention(r.ssdc_rpi[-1], base.ssdc_rpi[-1], floor.ssdc_rpi[-1]),
+    }
+    probe = None
+    if r.probes is not None and probe_site in r.probe_sites:
+        probe = r.probe_at(probe_site)
+        b, f = base.probe_at(probe_site), floor.probe_at(probe_site)
+        ret |= {f"probe_{t}": retention(probe[j], b[j], f[j]) for j, t in enumerate(TARGETS)}
+    return ConditionResult(
+        name=name,
+        meta=meta or {},
+        accuracy=r.accuracy,
+        margin=float(r.margin.mean()),
+        d_accuracy=diffs["accuracy"],
+        d_margin=diffs["margin"],
+        ssdc_rpi=r.ssdc_rpi,
+        probe=probe,
+        retention={k: float(v) for k, v in ret.items()},
+    )
+
+
+@dataclass(frozen=True)
+class Reference:
+    """The intact baseline (probes at every site), the floor, and the chosen probe site."""
+
+    base: Readout
+    floor: Readout
+    probe_site: int
+
+
+def reference(
+    model: ViT, images: torch.Tensor, labels: torch.Tensor, cfg: ExperimentConfig
+) -> Reference:
+    """Measure the baseline and the floor; pick the probe site unless cfg.probe_block fixes it."""
+    fixed = cfg.probe_block >= 0
+    sites = [check_site(model, cfg.probe_block)] if fixed else range(model.cfg.depth + 1)
+    base = measure(model, images, labels, cfg, probe_sites=list(sites))
+    site = cfg.probe_block if fixed else choose_probe_site(base)
+    floor = measure(model, images, labels, cfg, floor_condition(model), probe_sites=[site])
+    return Reference(base, floor, site)

@@ -1,0 +1,165 @@
+"""Depth profile: where in depth is position represented?
+
+Per residual site: SSDC clean and under RPI (raw and normalised residual), exact/row/column probe
+accuracy with chance, the same probes on a randomly initialised model of the same shape (the
+control: what the architecture alone makes decodable), and the effective rank of the tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from matplotlib.figure import Figure
+
+from poslens.data import Task
+from poslens.experiments.common import (
+    ExperimentConfig,
+    choose_probe_site,
+    eval_images,
+    measure,
+    probe_rows,
+    site_labels,
+    site_names,
+    track,
+)
+from poslens.metrics import effective_rank
+from poslens.metrics.probes import TARGETS, ProbeResult
+from poslens.models.vit import ViT, build_model
+
+Config = ExperimentConfig
+
+
+@dataclass(frozen=True)
+class DepthProfile:
+    """Per-site position readouts of one model (arrays are [sites]; probes [sites, 3])."""
+
+    name: ClassVar[str] = "depth_profile"
+    posenc: str
+    sites: list[str]
+    accuracy: float
+    margin: float
+    ssdc_clean: np.ndarray
+    ssdc_clean_norm: np.ndarray
+    ssdc_rpi: np.ndarray
+    ssdc_rpi_norm: np.ndarray
+    probes: ProbeResult
+    control: ProbeResult  # same probes, randomly initialised model of the same shape
+    control_ssdc_rpi: np.ndarray
+    effective_rank: np.ndarray  # normalised residual, patch tokens of the probe images
+    probe_site: int  # where the probes peak (ties: highest RPI-SSDC); used by other experiments
+    n_images: int
+    probe_images: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "posenc": self.posenc,
+            "sites": self.sites,
+            "accuracy": self.accuracy,
+            "margin": self.margin,
+            "ssdc": {
+                "clean": self.ssdc_clean,
+                "clean_norm": self.ssdc_clean_norm,
+                "rpi": self.ssdc_rpi,
+                "rpi_norm": self.ssdc_rpi_norm,
+                "control_rpi": self.control_ssdc_rpi,
+            },
+            "probes": self.probes.to_dict(),
+            "probes_control_random_init": self.control.to_dict(),
+            "effective_rank": self.effective_rank,
+            "probe_site": self.probe_site,
+            "probe_site_label": self.sites[self.probe_site],
+            "n_images": self.n_images,
+            "probe_images": self.probe_images,
+        }
+
+    def tables(self) -> dict[str, list[dict[str, Any]]]:
+        ssdc = [
+            {
+                "site": s,
+                "ssdc_clean": float(self.ssdc_clean[i]),
+                "ssdc_clean_norm": float(self.ssdc_clean_norm[i]),
+                "ssdc_rpi": float(self.ssdc_rpi[i]),
+                "ssdc_rpi_norm": float(self.ssdc_rpi_norm[i]),
+                "ssdc_rpi_random_init": float(self.control_ssdc_rpi[i]),
+                "effective_rank": float(self.effective_rank[i]),
+            }
+            for i, s in enumerate(self.sites)
+        ]
+        probes = probe_rows(self.sites, self.probes, model="trained")
+        probes += probe_rows(self.sites, self.control, model="random_init")
+        return {"ssdc": ssdc, "probes": probes}
+
+    def plot(self) -> Figure:
+        fig = Figure(figsize=(10, 3.4), layout="constrained")
+        ax1, ax2 = fig.subplots(1, 2)
+        x = np.arange(len(self.sites))
+        ax1.plot(x, self.ssdc_rpi, "o-", label="RPI, raw")
+        ax1.plot(x, self.ssdc_rpi_norm, "o--", label="RPI, normalised")
+        ax1.plot(x, self.ssdc_clean, "s-", alpha=0.6, label="clean, raw")
+        ax1.plot(x, self.control_ssdc_rpi, ":", color="grey", label="RPI, random init")
+        ax1.axhline(0, color="black", lw=0.5)
+        ax1.set(
+            title=f"SSDC ({self.posenc})", xlabel="site (residual entering block)", ylim=(-1, 1)
+        )
+        for ax in (ax1, ax2):
+            ax.set_xticks(x, self.sites)
+            ax.grid(alpha=0.3)
+        for j, t in enumerate(TARGETS):
+            (line,) = ax2.plot(x, 100 * self.probes.test_acc[:, j], "o-", label=t)
+            ax2.plot(x, 100 * self.control.test_acc[:, j], ":", color=line.get_color())
+            ax2.axhline(100 * self.probes.chance[j], color=line.get_color(), lw=0.8, ls="--")
+        ax2.axvline(self.probe_site, color="grey", lw=4, alpha=0.2)
+        ax2.set(title="position probes (dotted: random init, dashed: chance)", ylim=(0, 101))
+        ax2.set(xlabel="site", ylabel="test accuracy (%)")
+        ax1.legend(fontsize=7)
+        ax2.legend(fontsize=7)
+        return fig
+
+
+@torch.no_grad()
+def _effective_ranks(model: ViT, images: torch.Tensor) -> np.ndarray:
+    _, norm = site_names(model)
+    _, cache = model.run_with_cache(images.to(model.head.weight.device), norm)
+    p = model.cfg.num_prefix
+    ranks = []
+    for n in norm:
+        x = cache[n][:, p:].flatten(0, 1).double()
+        ranks.append(effective_rank(x - x.mean(0)))
+    return np.array(ranks)
+
+
+def run(
+    model: ViT, data: Task, cfg: ExperimentConfig | None = None, progress: bool = False
+) -> DepthProfile:
+    """SSDC, probes and effective rank at every site of `model`, with a random-init control."""
+    cfg = cfg or Config()
+    x, y = eval_images(data, cfg)
+    sites = list(range(model.cfg.depth + 1))
+    control_model = build_model(model.cfg, seed=cfg.seed + 1).to(model.head.weight.device).eval()
+    readouts = {}
+    for which in track(["trained", "random init"], "depth_profile", progress):
+        m = model if which == "trained" else control_model
+        readouts[which] = measure(m, x, y, cfg, probe_sites=sites, clean_ssdc=which == "trained")
+    base, ctrl = readouts["trained"], readouts["random init"]
+    assert base.probes is not None and ctrl.probes is not None
+    assert base.ssdc_clean is not None and base.ssdc_clean_norm is not None
+    return DepthProfile(
+        posenc=model.cfg.posenc,
+        sites=site_labels(model),
+        accuracy=base.accuracy,
+        margin=float(base.margin.mean()),
+        ssdc_clean=base.ssdc_clean,
+        ssdc_clean_norm=base.ssdc_clean_norm,
+        ssdc_rpi=base.ssdc_rpi,
+        ssdc_rpi_norm=base.ssdc_rpi_norm,
+        probes=base.probes,
+        control=ctrl.probes,
+        control_ssdc_rpi=ctrl.ssdc_rpi,
+        effective_rank=_effective_ranks(model, x[: cfg.probe_images]),
+        probe_site=choose_probe_site(base),
+        n_images=len(x),
+        probe_images=cfg.probe_images,
+    )

@@ -1,0 +1,254 @@
+"""Position removal: what is left when positional signals are taken away, in whole or in part.
+
+APE-like models: the added embedding zeroed, and permuted across positions. RoPE models: the floor
+(every plane in every block), one axis's planes (`axis_row`, `axis_col`, from the axis map), the
+n highest-frequency planes (half per axis) and n random planes per head (several seeded draws).
+Each condition reports accuracy and margin with paired SE, RPI-SSDC per site, probes at the probe
+site and retention against the floor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from matplotlib.figure import Figure
+
+from poslens.data import Task
+from poslens.errors import ConfigError
+from poslens.experiments.common import (
+    Condition,
+    ConditionResult,
+    ExperimentConfig,
+    eval_images,
+    measure,
+    reference,
+    site_labels,
+    summarise,
+    track,
+)
+from poslens.interventions import ape_permute, ape_zero, axis_map, rotary_mask
+from poslens.interventions.rotary import num_planes
+from poslens.metrics.probes import TARGETS
+from poslens.models.vit import ViT
+
+
+@dataclass(frozen=True)
+class Config(ExperimentConfig):
+    n_planes: tuple[int, ...] = (
+        2,
+        4,
+        8,
+    )  # plane counts for the top-frequency and random conditions
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.n_planes or any(not isinstance(n, int) or n < 1 for n in self.n_planes):
+            raise ConfigError(f"n_planes must be positive integers, got {self.n_planes!r}")
+
+
+def top_frequency_mask(model: ViT, n: int) -> torch.Tensor:
+    """[depth, H, P]: per head the n fastest-turning planes, n/2 per axis where planes follow one
+    axis (axial RoPE), else the n fastest overall (mixed RoPE)."""
+    amap = axis_map(model)
+    freq = torch.as_tensor(amap.freq)
+    mask = torch.zeros(freq.shape, dtype=torch.bool)
+    for b in range(freq.shape[0]):
+        for h in range(freq.shape[1]):
+            row = torch.as_tensor(amap.axis[b, h] == "row")
+            col = torch.as_tensor(amap.axis[b, h] == "col")
+            if row.any() and col.any():
+                for axis, k in ((row, n // 2), (col, n - n // 2)):
+                    f = torch.where(axis, freq[b, h], -torch.inf)
+                    mask[b, h, f.topk(min(k, int(axis.sum()))).indices] = True
+            else:
+                mask[b, h, freq[b, h].topk(n).indices] = True
+    return mask
+
+
+def random_mask(model: ViT, n: int, seed: int) -> torch.Tensor:
+    """[depth, H, P]: n random planes per block and head, from a seeded generator."""
+    cfg, P = model.cfg, num_planes(model)
+    g = torch.Generator().manual_seed(seed)
+    mask = torch.zeros(cfg.depth, cfg.heads, P, dtype=torch.bool)
+    for b in range(cfg.depth):
+        for h in range(cfg.heads):
+            mask[b, h, torch.randperm(P, generator=g)[:n]] = True
+    return mask
+
+
+def planes_off(mask: torch.Tensor, blocks: Any = None) -> Condition:
+    """Condition: the planes of `mask` [depth, H, P] turned off (in `blocks`, default all)."""
+    return lambda m: rotary_mask(m, planes=mask, blocks=blocks)
+
+
+def conditions(model: ViT, cfg: Config) -> list[tuple[str, Condition, dict[str, Any]]]:
+    """Every removal condition that applies to this model: (name, condition, metadata)."""
+    out: list[tuple[str, Condition, dict[str, Any]]] = []
+    if model.cfg.uses_additive_pos:
+        out.append(("ape_zero", ape_zero, {"kind": "ape"}))
+        out.append(("ape_permute", lambda m: ape_permute(m, seed=cfg.seed), {"kind": "ape"}))
+    if model.cfg.uses_rope:
+        amap = axis_map(model)
+        for axis in ("row", "col"):
+            mask = torch.as_tensor(amap.axis == axis)
+            if mask.any():
+                out.append(
+                    (f"axis_{axis}", planes_off(mask), {"kind": "axis", "planes": int(mask.sum())})
+                )
+        P = num_planes(model)
+        for n in (n for n in cfg.n_planes if n <= P):
+            out.append(
+                (f"top_{n}", planes_off(top_frequency_mask(model, n)), {"kind": "top", "n": n})
+            )
+            for d in range(cfg.draws):
+                mask = random_mask(model, n, seed=cfg.seed * 1000 + 17 * n + d)
+                meta = {"kind": "random", "n": n, "draw": d}
+                out.append((f"random_{n}/{d}", planes_off(mask), meta))
+    return out
+
+
+@dataclass(frozen=True)
+class PositionRemoval:
+    name: ClassVar[str] = "position_removal"
+    posenc: str
+    sites: list[str]
+    probe_site: int
+    baseline: dict[str, Any]
+    floor: ConditionResult
+    conditions: list[ConditionResult]
+    n_images: int
+    probe_images: int
+    random_summary: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "posenc": self.posenc,
+            "sites": self.sites,
+            "probe_site": self.probe_site,
+            "probe_site_label": self.sites[self.probe_site],
+            "baseline": self.baseline,
+            "floor": self.floor,
+            "conditions": self.conditions,
+            "random_summary": self.random_summary,
+            "n_images": self.n_images,
+            "probe_images": self.probe_images,
+        }
+
+    def tables(self) -> dict[str, list[dict[str, Any]]]:
+        rows = [c.row(self.sites, self.probe_site) for c in [self.floor, *self.conditions]]
+        return {"conditions": rows}
+
+    def plot(self) -> Figure:
+        fig = Figure(figsize=(12, 3.8), layout="constrained")
+        ax1, ax2, ax3 = fig.subplots(1, 3)
+        shown = [self.floor, *(c for c in self.conditions if c.meta.get("kind") != "random")]
+        shown += [_mean_condition(self.conditions, n) for n in _random_ns(self.conditions)]
+        names = [c.name for c in shown]
+        y = np.arange(len(shown))
+        base_acc = 100 * self.baseline["accuracy"]
+        ax1.barh(y, [100 * c.accuracy for c in shown], color="tab:blue")
+        ax1.axvline(base_acc, color="black", lw=1, label="intact")
+        ax1.set_yticks(y, names, fontsize=8)
+        ax1.invert_yaxis()
+        ax1.set(xlabel="accuracy (%)", title=f"accuracy ({self.posenc})", xlim=(0, 100))
+        width = 0.27
+        for j, t in enumerate(TARGETS):
+            vals = [100 * c.probe[j] if c.probe is not None else np.nan for c in shown]
+            ax2.barh(y + (j - 1) * width, vals, height=width, label=t)
+        ax2.set_yticks(y, names, fontsize=8)
+        ax2.invert_yaxis()
+        ax2.set(xlabel="probe test accuracy (%)", xlim=(0, 100))
+        ax2.set_title(f"probes at site {self.sites[self.probe_site]}")
+        ax2.legend(fontsize=7)
+        x = np.arange(len(self.sites))
+        ax3.plot(x, self.baseline["ssdc_rpi"], "k-o", label="intact")
+        for c in shown:
+            ax3.plot(x, c.ssdc_rpi, "-", marker=".", label=c.name, alpha=0.8)
+        ax3.set_xticks(x, self.sites)
+        ax3.set(xlabel="site", title="RPI-SSDC", ylim=(-0.5, 1))
+        ax3.legend(fontsize=6, ncol=2)
+        for ax in (ax1, ax2, ax3):
+            ax.grid(alpha=0.3)
+        return fig
+
+
+def _random_ns(conds: list[ConditionResult]) -> list[int]:
+    return sorted({c.meta["n"] for c in conds if c.meta.get("kind") == "random"})
+
+
+def _mean_condition(conds: list[ConditionResult], n: int) -> ConditionResult:
+    """The draws of random_n averaged (for the figure; the table keeps each draw)."""
+    draws = [c for c in conds if c.meta.get("kind") == "random" and c.meta["n"] == n]
+    mean: Callable[[list[Any]], Any] = lambda v: np.mean(np.array(v, dtype=float), axis=0)  # noqa: E731
+    return ConditionResult(
+        name=f"random_{n} (mean of {len(draws)})",
+        meta={"kind": "random_mean", "n": n},
+        accuracy=float(mean([c.accuracy for c in draws])),
+        margin=float(mean([c.margin for c in draws])),
+        d_accuracy=draws[0].d_accuracy,
+        d_margin=draws[0].d_margin,
+        ssdc_rpi=mean([c.ssdc_rpi for c in draws]),
+        probe=None if draws[0].probe is None else mean([c.probe for c in draws]),
+        retention={k: float(mean([c.retention[k] for c in draws])) for k in draws[0].retention},
+    )
+
+
+def _random_summary(conds: list[ConditionResult]) -> dict[str, dict[str, float]]:
+    """Mean and SE over draws of each random_n condition's accuracy, margin and probes."""
+    out = {}
+    for n in _random_ns(conds):
+        draws = [c for c in conds if c.meta.get("kind") == "random" and c.meta["n"] == n]
+        values: dict[str, list[float]] = {"accuracy": [c.accuracy for c in draws]}
+        values["margin"] = [c.margin for c in draws]
+        if draws[0].probe is not None:
+            for j, t in enumerate(TARGETS):
+                values[f"probe_{t}"] = [float(c.probe[j]) for c in draws if c.probe is not None]
+        out[f"random_{n}"] = {
+            **{k: float(np.mean(v)) for k, v in values.items()},
+            **{
+                f"{k}_se": float(np.std(v, ddof=1) / np.sqrt(len(v)))
+                if len(v) > 1
+                else float("nan")
+                for k, v in values.items()
+            },
+            "draws": len(draws),
+        }
+    return out
+
+
+def run(
+    model: ViT, data: Task, cfg: Config | None = None, progress: bool = False
+) -> PositionRemoval:
+    """Every removal condition that applies to `model`, against its baseline and floor."""
+    cfg = cfg or Config()
+    x, y = eval_images(data, cfg)
+    conds = conditions(model, cfg)
+    steps = ["reference", *[c[0] for c in conds]]
+    results: list[ConditionResult] = []
+    ref = None
+    for step in track(steps, "position_removal", progress):
+        if step == "reference":
+            ref = reference(model, x, y, cfg)
+            continue
+        assert ref is not None
+        name, cond, meta = next(c for c in conds if c[0] == step)
+        r = measure(model, x, y, cfg, cond, probe_sites=[ref.probe_site])
+        results.append(summarise(name, r, ref.base, ref.floor, ref.probe_site, meta))
+    assert ref is not None
+    base = ref.base.summary()
+    base["probe"] = ref.base.probe_at(ref.probe_site)
+    return PositionRemoval(
+        posenc=model.cfg.posenc,
+        sites=site_labels(model),
+        probe_site=ref.probe_site,
+        baseline=base,
+        floor=summarise("floor", ref.floor, ref.base, ref.floor, ref.probe_site, {"kind": "floor"}),
+        conditions=results,
+        n_images=len(x),
+        probe_images=cfg.probe_images,
+        random_summary=_random_summary(results),
+    )
