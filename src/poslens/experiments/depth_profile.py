@@ -32,6 +32,10 @@ from poslens.models.vit import ViT, build_model
 Config = ExperimentConfig
 
 
+def applies(model: ViT) -> str | None:
+    return None
+
+
 @dataclass(frozen=True)
 class DepthProfile:
     """Per-site position readouts of one model (arrays are [sites]; probes [sites, 3])."""

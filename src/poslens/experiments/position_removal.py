@@ -50,6 +50,10 @@ class Config(ExperimentConfig):
             raise ConfigError(f"n_planes must be positive integers, got {self.n_planes!r}")
 
 
+def applies(model: ViT) -> str | None:
+    return None if model.cfg.posenc != "none" else "posenc=none has no position to remove"
+
+
 def top_frequency_mask(model: ViT, n: int) -> torch.Tensor:
     """[depth, H, P]: per head the n fastest-turning planes, n/2 per axis where planes follow one
     axis (axial RoPE), else the n fastest overall (mixed RoPE)."""
