@@ -1,0 +1,293 @@
+"""Windows: withhold rotations in some blocks and watch whether later blocks rebuild position.
+
+Conditions (RoPE only): every plane off in blocks 0..k (prefix_k) and in k..end (suffix_k), a
+middle window, row-only and column-only prefix windows, and as their control the same number of
+random planes per head in the same blocks (several draws). Per condition: RPI-SSDC and probes at
+every site, final retention, and for windows that end before the last block the onset of
+recovery and the blocks needed to get half of it back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from matplotlib.figure import Figure
+
+from poslens.data import Task
+from poslens.errors import ConfigError
+from poslens.experiments.common import (
+    Condition,
+    ConditionResult,
+    ExperimentConfig,
+    Readout,
+    eval_images,
+    measure,
+    reference,
+    site_labels,
+    summarise,
+    track,
+)
+from poslens.experiments.position_removal import planes_off, random_mask
+from poslens.interventions import axis_map
+from poslens.metrics.probes import TARGETS
+from poslens.models.vit import ViT
+
+ONSET_FRACTION = (
+    0.1  # recovery "starts" when RPI-SSDC rises this share of the peak span above the floor
+)
+
+
+@dataclass(frozen=True)
+class Config(ExperimentConfig):
+    prefix_ks: tuple[int, ...] = ()  # last withheld block of the prefix windows; () = every block
+    axis_windows: bool = True  # also row-only / column-only prefix windows and their random control
+    probe_curves: bool = True  # probes at every site (else only at the probe site)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if any(not isinstance(k, int) or k < 0 for k in self.prefix_ks):
+            raise ConfigError(f"windows.prefix_ks must be block indices, got {self.prefix_ks!r}")
+
+
+def applies(model: ViT) -> str | None:
+    return (
+        None if model.cfg.uses_rope else f"posenc={model.cfg.posenc} has no rotations to withhold"
+    )
+
+
+@dataclass(frozen=True)
+class Window:
+    """One withheld window: which blocks and planes, its readout, and how position came back."""
+
+    kind: str  # prefix | suffix | middle | row_prefix | col_prefix | random_prefix
+    blocks: list[int]
+    result: ConditionResult
+    probes: np.ndarray | None  # [sites, 3] test accuracy when probe curves are on
+    onset: int | None  # first site after the window where RPI-SSDC rises above the floor
+    blocks_to_half: int | None  # sites after the window until half the intact structure is back
+
+
+def recovery(
+    ssdc: np.ndarray, base: np.ndarray, floor: np.ndarray, last: int
+) -> tuple[int | None, int | None]:
+    """(onset site, blocks to half recovery) after a window whose last withheld block is `last`.
+
+    Works on per-site RPI-SSDC: gain = condition - floor, span = intact - floor. Onset: the first
+    site after the window with gain >= ONSET_FRACTION * max(span). Half recovery: the first such
+    site with gain >= span / 2 where the span is itself at least that onset threshold; reported as
+    the number of sites after the window's first free site.
+    """
+    gain, span = ssdc - floor, base - floor
+    thresh = ONSET_FRACTION * max(float(span.max()), 1e-9)
+    after = range(last + 1, len(ssdc))
+    onset = next((s for s in after if gain[s] >= thresh), None)
+    half = next((s for s in after if span[s] >= thresh and gain[s] >= span[s] / 2), None)
+    return onset, None if half is None else half - (last + 1)
+
+
+def conditions(model: ViT, cfg: Config) -> list[tuple[str, str, list[int], Condition, int]]:
+    """(name, kind, blocks, condition, draw) for every window of this model."""
+    depth = model.cfg.depth
+    ks = sorted(set(cfg.prefix_ks)) if cfg.prefix_ks else list(range(depth))
+    if ks and ks[-1] >= depth:
+        raise ConfigError(
+            f"windows.prefix_ks has block {ks[-1]}; this model has blocks 0..{depth - 1}"
+        )
+    out: list[tuple[str, str, list[int], Condition, int]] = []
+    for k in ks:
+        out.append(
+            (f"prefix_{k}", "prefix", list(range(k + 1)), planes_off(_all(model), range(k + 1)), 0)
+        )
+    for k in range(1, depth):
+        out.append(
+            (
+                f"suffix_{k}",
+                "suffix",
+                list(range(k, depth)),
+                planes_off(_all(model), range(k, depth)),
+                0,
+            )
+        )
+    mid = list(range(depth // 3, max(depth // 3 + 1, 2 * depth // 3)))
+    out.append((f"middle_{mid[0]}-{mid[-1]}", "middle", mid, planes_off(_all(model), mid), 0))
+    if cfg.axis_windows:
+        amap = axis_map(model)
+        for axis in ("row", "col"):
+            mask = torch.as_tensor(amap.axis == axis)
+            if not mask.any():
+                continue
+            for k in ks:
+                blocks = list(range(k + 1))
+                out.append(
+                    (f"{axis}_prefix_{k}", f"{axis}_prefix", blocks, planes_off(mask, blocks), 0)
+                )
+        n = int(torch.as_tensor(amap.axis == "row").sum(-1).max())  # planes per head of one axis
+        if n:
+            for k in ks:
+                blocks = list(range(k + 1))
+                for d in range(cfg.draws):
+                    mask = random_mask(model, n, seed=cfg.seed * 1000 + 31 * k + d + 7)
+                    out.append(
+                        (
+                            f"random_prefix_{k}/{d}",
+                            "random_prefix",
+                            blocks,
+                            planes_off(mask, blocks),
+                            d,
+                        )
+                    )
+    return out
+
+
+def _all(model: ViT) -> torch.Tensor:
+    cfg = model.cfg
+    return torch.ones(cfg.depth, cfg.heads, cfg.head_dim // 2, dtype=torch.bool)
+
+
+@dataclass(frozen=True)
+class Windows:
+    name: ClassVar[str] = "windows"
+    posenc: str
+    sites: list[str]
+    probe_site: int
+    baseline: dict[str, Any]  # accuracy, margin, ssdc_rpi [sites], probes [sites, 3]
+    floor: dict[str, Any]
+    windows: list[Window]
+    n_images: int
+    probe_images: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "posenc": self.posenc,
+            "sites": self.sites,
+            "probe_site": self.probe_site,
+            "baseline": self.baseline,
+            "floor": self.floor,
+            "onset_fraction": ONSET_FRACTION,
+            "windows": self.windows,
+            "n_images": self.n_images,
+            "probe_images": self.probe_images,
+        }
+
+    def tables(self) -> dict[str, list[dict[str, Any]]]:
+        rows = []
+        for w in self.windows:
+            row = {"kind": w.kind, "blocks": f"{w.blocks[0]}-{w.blocks[-1]}"}
+            row |= w.result.row(self.sites, self.probe_site)
+            row |= {"onset_site": w.onset, "blocks_to_half": w.blocks_to_half}
+            if w.probes is not None:
+                row |= {f"probe_{t}@out": float(w.probes[-1, j]) for j, t in enumerate(TARGETS)}
+            rows.append(row)
+        return {"windows": rows}
+
+    def by_kind(self, kind: str) -> list[Window]:
+        return [w for w in self.windows if w.kind == kind]
+
+    def plot(self) -> Figure:
+        fig = Figure(figsize=(13, 3.8), layout="constrained")
+        ax1, ax2, ax3 = fig.subplots(1, 3)
+        x = np.arange(len(self.sites))
+        prefix = self.by_kind("prefix")
+        colours = [(0.1 + 0.8 * i / max(len(prefix) - 1, 1), 0.3, 0.8) for i in range(len(prefix))]
+        for ax, key in ((ax1, "ssdc"), (ax2, "probe")):
+            probes = self.baseline.get("probes")
+            if key == "ssdc":
+                ax.plot(x, self.baseline["ssdc_rpi"], "k-o", label="intact")
+            elif probes is not None and len(probes) == len(x):
+                ax.plot(x, 100 * probes[:, 1:].mean(1), "k-o", label="intact")
+            floor = self.floor["ssdc_rpi"] if key == "ssdc" else None
+            if floor is not None:
+                ax.plot(x, floor, "k:", label="floor")
+            for w, c in zip(prefix, colours, strict=True):
+                y = (
+                    w.result.ssdc_rpi
+                    if key == "ssdc"
+                    else (None if w.probes is None else 100 * w.probes[:, 1:].mean(1))
+                )
+                if y is not None:
+                    ax.plot(x, y, "-", marker=".", color=c, label=f"blocks 0-{w.blocks[-1]} off")
+            ax.set_xticks(x, self.sites)
+            ax.grid(alpha=0.3)
+        ax1.set(title="RPI-SSDC after prefix windows", xlabel="site", ylim=(-0.3, 1))
+        ax2.set(title="row/col probe mean (%)", xlabel="site", ylim=(0, 100))
+        ax1.legend(fontsize=6)
+        for kind, style in (
+            ("prefix", "o-"),
+            ("row_prefix", "s-"),
+            ("col_prefix", "^-"),
+            ("random_prefix", "x--"),
+        ):
+            ws = self.by_kind(kind)
+            if not ws:
+                continue
+            ks = sorted({w.blocks[-1] for w in ws})
+            acc = [100 * np.mean([w.result.accuracy for w in ws if w.blocks[-1] == k]) for k in ks]
+            ax3.plot(
+                ks, acc, style, label=kind + (" (mean of draws)" if kind == "random_prefix" else "")
+            )
+        ax3.axhline(100 * self.baseline["accuracy"], color="black", lw=1, label="intact")
+        ax3.axhline(100 * self.floor["accuracy"], color="black", ls=":", lw=1, label="floor")
+        ax3.set(title="accuracy after withholding blocks 0..k", xlabel="k (last withheld block)")
+        ax3.set(ylabel="accuracy (%)", ylim=(0, 101))
+        ax3.grid(alpha=0.3)
+        ax3.legend(fontsize=6)
+        return fig
+
+
+def _curves(r: Readout) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "accuracy": r.accuracy,
+        "margin": float(r.margin.mean()),
+        "ssdc_rpi": r.ssdc_rpi,
+    }
+    if r.probes is not None:
+        out["probes"] = r.probes.test_acc
+        out["probe_sites"] = list(r.probe_sites)
+    return out
+
+
+def run(model: ViT, data: Task, cfg: Config | None = None, progress: bool = False) -> Windows:
+    """Every window of this RoPE model, against its baseline and floor."""
+    cfg = cfg or Config()
+    x, y = eval_images(data, cfg)
+    conds = conditions(model, cfg)
+    all_sites = list(range(model.cfg.depth + 1))
+    ref = None
+    windows: list[Window] = []
+    for item in track([None, *conds], "windows", progress):
+        if item is None:
+            ref = reference(model, x, y, cfg)
+            continue
+        assert ref is not None
+        name, kind, blocks, cond, draw = item
+        sites = all_sites if cfg.probe_curves else [ref.probe_site]
+        r = measure(model, x, y, cfg, cond, probe_sites=sites)
+        meta = {"kind": kind, "first": blocks[0], "last": blocks[-1], "draw": draw}
+        res = summarise(name, r, ref.base, ref.floor, ref.probe_site, meta)
+        onset, half = recovery(r.ssdc_rpi, ref.base.ssdc_rpi, ref.floor.ssdc_rpi, blocks[-1])
+        ends_early = blocks[-1] < model.cfg.depth - 1
+        probes = r.probes.test_acc if cfg.probe_curves and r.probes is not None else None
+        windows.append(
+            Window(
+                kind,
+                blocks,
+                res,
+                probes,
+                onset if ends_early else None,
+                half if ends_early else None,
+            )
+        )
+    assert ref is not None
+    return Windows(
+        posenc=model.cfg.posenc,
+        sites=site_labels(model),
+        probe_site=ref.probe_site,
+        baseline=_curves(ref.base),
+        floor=_curves(ref.floor),
+        windows=windows,
+        n_images=len(x),
+        probe_images=cfg.probe_images,
+    )
