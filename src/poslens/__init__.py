@@ -2,8 +2,8 @@
 
 __version__ = "0.1.0"
 
-from poslens.api import load
+from poslens.api import load, load_task
 from poslens.errors import UserError
 from poslens.models import ModelConfig, ViT, build_model
 
-__all__ = ["ModelConfig", "UserError", "ViT", "__version__", "build_model", "load"]
+__all__ = ["ModelConfig", "UserError", "ViT", "__version__", "build_model", "load", "load_task"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -10,6 +11,9 @@ from poslens.errors import CheckpointError, ConfigError, UserError
 from poslens.io import load_tensors, read_json
 from poslens.models.config import ModelConfig
 from poslens.models.vit import ViT
+
+if TYPE_CHECKING:
+    from poslens.data import Task
 
 
 def load(spec: str | Path, weights: str | Path | None = None, device: str = "cpu") -> ViT:
@@ -53,3 +57,20 @@ def load(spec: str | Path, weights: str | Path | None = None, device: str = "cpu
             )
     model.load_state_dict(state)
     return model.to(torch.device(device)).eval()
+
+
+def load_task(spec: str | Path) -> Task:
+    """The task a poslens checkpoint was trained on, from its config.json [data] section."""
+    from poslens._config import from_dict
+    from poslens.data import DataConfig, build_task
+
+    path = Path(spec)
+    folder = path if path.is_dir() else path.parent
+    raw = read_json(folder / "config.json", "checkpoint config")
+    if not isinstance(raw, dict) or not isinstance(raw.get("data"), dict):
+        raise CheckpointError(f"{folder / 'config.json'} has no [data] section")
+    try:
+        cfg = from_dict(DataConfig, raw["data"], "data")
+    except ConfigError as e:
+        raise CheckpointError(f"{folder / 'config.json'}: {e}") from None
+    return build_task(cfg)

@@ -77,6 +77,58 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_analyze(args: argparse.Namespace) -> int:
+    import dataclasses
+    import time
+
+    import poslens
+    from poslens import experiments
+    from poslens.experiments.common import jsonable, save
+    from poslens.io import write_json
+
+    names = (
+        list(experiments.EXPERIMENTS) if args.experiments == "all" else args.experiments.split(",")
+    )
+    modules = [experiments.get(n.strip()) for n in names]  # validates every name before any work
+    common = {
+        "n_images": args.images,
+        "probe_images": min(args.probe_images, args.images),
+        "batch_size": args.batch_size,
+        "seed": args.seed,
+        "probe_block": args.probe_block,
+    }
+    configs = [m.Config(**common) for m in modules]  # ConfigError before any work, too
+    model = poslens.load(args.checkpoint, device=args.device)
+    data = poslens.load_task(args.checkpoint)
+    out = Path(args.out)
+    summary: dict[str, object] = {
+        "checkpoint": str(args.checkpoint),
+        "posenc": model.cfg.posenc,
+        "version": poslens.__version__,
+        "analysis": common,
+        "experiments": {},
+    }
+    for name, module, cfg in zip(names, modules, configs, strict=True):
+        reason = module.applies(model)
+        if reason is not None:
+            print(f"{name:<18} skipped: {reason}")
+            summary["experiments"][name] = {"skipped": reason}  # type: ignore[index]
+            continue
+        start = time.perf_counter()
+        result = module.run(model, data, cfg, progress=not args.no_progress)
+        files = save(result, out)
+        seconds = time.perf_counter() - start
+        summary["experiments"][name] = {  # type: ignore[index]
+            "seconds": round(seconds, 1),
+            "files": [f.name for f in files],
+            "config": dataclasses.asdict(cfg),
+        }
+        print(f"{name:<18} {seconds:6.0f}s  {', '.join(f.name for f in files)}")
+    write_json(out / "analysis.json", jsonable(summary))
+    print(f"results in {out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from poslens.models.config import POSENCS
 
@@ -103,6 +155,26 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.set_defaults(fn=cmd_train)
+
+    a = sub.add_parser("analyze", help="run position experiments on a checkpoint")
+    a.add_argument("checkpoint", help="poslens checkpoint folder")
+    a.add_argument(
+        "--experiments",
+        default="all",
+        help="comma-separated: depth_profile,position_removal,axis_map,windows,components,"
+        "resolution,prefix_attention (default: all that apply)",
+    )
+    a.add_argument("--out", required=True, help="folder for JSON, CSV and figures")
+    a.add_argument("--images", type=int, default=500, help="evaluation images (default 500)")
+    a.add_argument("--probe-images", type=int, default=200, help="images for probes (default 200)")
+    a.add_argument("--batch-size", type=int, default=250)
+    a.add_argument("--seed", type=int, default=0, help="RPI permutation, probe split, random draws")
+    a.add_argument(
+        "--probe-block", type=int, default=-1, help="site for single-site probes (-1: automatic)"
+    )
+    a.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
+    a.add_argument("--no-progress", action="store_true", help="no progress bars")
+    a.set_defaults(fn=cmd_analyze)
 
     i = sub.add_parser("info", help="describe a checkpoint")
     i.add_argument("checkpoint")

@@ -86,6 +86,8 @@ class ExperimentConfig:
         for name in ("n_images", "probe_images", "batch_size", "draws"):
             positive_int(f"analysis.{name}", getattr(self, name))
         positive_int("analysis.seed", self.seed, allow_zero=True)
+        if self.n_images < 10:
+            raise ConfigError(f"analysis.n_images must be at least 10, got {self.n_images}")
         if self.probe_images < 10:
             raise ConfigError(f"analysis.probe_images must be at least 10, got {self.probe_images}")
         if self.probe_images > self.n_images:
