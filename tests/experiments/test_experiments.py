@@ -1,0 +1,250 @@
+"""Experiments on tiny models: exact identities (floor = no-position model, full window = floor,
+full patch = recovery 1), condition construction, recovery arithmetic, outputs and the CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from poslens.cli import main
+from poslens.data import DataConfig, Task, build_task
+from poslens.errors import ConfigError, UserError
+from poslens.experiments import axis_map as axis_map_exp
+from poslens.experiments import components, depth_profile, get, position_removal, windows
+from poslens.experiments.common import (
+    ExperimentConfig,
+    Readout,
+    choose_probe_site,
+    floor_condition,
+    measure,
+    save,
+)
+from poslens.interventions import axis_map
+from poslens.io import save_tensors, write_json
+from poslens.metrics.probes import ProbeResult
+from poslens.models import ViT
+from tests.conftest import tiny
+
+DATA = DataConfig(image_size=16, object_scale=0.32, n_val=16, n_test=60)
+CFG = ExperimentConfig(n_images=40, probe_images=20, batch_size=40, draws=1)
+
+
+@pytest.fixture(scope="module")
+def task() -> Task:
+    return build_task(DATA)
+
+
+def model(posenc: str = "rope_axial", **kw: object) -> ViT:
+    return tiny(posenc, num_classes=16, **kw)
+
+
+def _same_readout(a: Readout, b: Readout) -> None:
+    np.testing.assert_array_equal(a.correct, b.correct)
+    np.testing.assert_allclose(a.margin, b.margin, atol=1e-5)
+    np.testing.assert_allclose(a.ssdc_rpi, b.ssdc_rpi, atol=1e-6)
+    np.testing.assert_allclose(a.ssdc_rpi_norm, b.ssdc_rpi_norm, atol=1e-6)
+    assert a.probes is not None and b.probes is not None
+    np.testing.assert_allclose(a.probes.test_acc, b.probes.test_acc, atol=1e-9)
+
+
+@pytest.mark.parametrize("posenc", ["rope_axial", "rope_mixed", "ape", "rope_axial_ape"])
+def test_floor_equals_the_model_without_position(task: Task, posenc: str) -> None:
+    m = model(posenc)
+    none = model("none")
+    missing, _ = none.load_state_dict(m.state_dict(), strict=False)
+    assert not missing
+    x, y = task.split("test")
+    x, y = x[:40], y[:40]
+    floor = measure(m, x, y, CFG, floor_condition(m), probe_sites=[0, 2])
+    plain = measure(none, x, y, CFG, probe_sites=[0, 2])
+    _same_readout(floor, plain)
+    intact = measure(m, x, y, CFG, probe_sites=[0, 2])
+    assert not np.allclose(intact.margin, floor.margin)  # the floor did change the model
+
+
+def test_prefix_window_over_every_block_equals_the_floor(task: Task) -> None:
+    m = model()
+    cfg = windows.Config(**{**CFG.__dict__, "prefix_ks": (1,), "axis_windows": False})
+    res = windows.run(m, task, cfg)
+    full = next(w for w in res.windows if w.result.name == "prefix_1")
+    assert full.blocks == [0, 1]
+    np.testing.assert_allclose(full.result.ssdc_rpi, res.floor["ssdc_rpi"], atol=1e-9)
+    assert full.result.margin == pytest.approx(res.floor["margin"], abs=1e-6)
+    assert full.result.accuracy == res.floor["accuracy"]
+    assert full.onset is None and full.blocks_to_half is None  # nothing after the window
+    kinds = {w.kind for w in res.windows}
+    assert kinds == {"prefix", "suffix", "middle"}
+
+
+def test_windows_axis_and_random_controls_have_matching_sizes(task: Task) -> None:
+    m = model()
+    cfg = windows.Config(**{**CFG.__dict__, "prefix_ks": (0,), "probe_curves": False})
+    conds = windows.conditions(m, cfg)
+    names = [c[0] for c in conds]
+    assert {"prefix_0", "suffix_1", "row_prefix_0", "col_prefix_0", "random_prefix_0/0"} <= set(
+        names
+    )
+    with pytest.raises(ConfigError, match="prefix_ks"):
+        windows.conditions(m, windows.Config(prefix_ks=(5,)))
+
+
+def test_recovery_onset_and_half() -> None:
+    base = np.array([0.0, 0.2, 0.5, 0.8, 0.9])
+    floor = np.zeros(5)
+    cond = np.array([0.0, 0.0, 0.05, 0.5, 0.8])  # window = blocks 0..1
+    onset, half = windows.recovery(cond, base, floor, last=1)
+    assert onset == 3  # 0.05 < 0.1 * 0.9 at site 2; 0.5 at site 3
+    assert half == 1  # site 3 has 0.5 >= 0.8 / 2, one site after the first free site (2)
+    assert windows.recovery(floor, base, floor, last=1) == (None, None)
+
+
+def test_patching_every_block_recovers_everything(task: Task) -> None:
+    m = model()
+    x, y = task.split("test")
+    res = components.run_patching(m, x[:40], y[:40], components.Config(**CFG.__dict__))
+    for row in res.rows:
+        if row["site"] == "resid" and row["donor"] == "aligned" and row["block"] in ("all", 0):
+            assert row["recovery_margin"] == pytest.approx(1.0, abs=1e-5)
+            assert row["margin"] == pytest.approx(res.clean["margin"], abs=1e-5)
+    other = next(r for r in res.rows if r["block"] == "all" and r["donor"] == "other_image")
+    assert other["margin"] != pytest.approx(res.clean["margin"])  # the control is not the clean run
+    assert {r["donor"] for r in res.rows} == set(components.DONORS)
+
+
+def test_component_windows_partition_the_depth() -> None:
+    for depth in (1, 2, 3, 6, 12):
+        parts = components.thirds(depth)
+        assert [b for part in parts.values() for b in part] == list(range(depth))
+    assert components.thirds(6) == {"early": [0, 1], "middle": [2, 3], "late": [4, 5]}
+
+
+def test_removal_conditions_per_encoding() -> None:
+    cfg = position_removal.Config(n_planes=(2, 4), draws=2)
+    names = [c[0] for c in position_removal.conditions(model("ape"), cfg)]
+    assert names == ["ape_zero", "ape_permute"]
+    rope = model()
+    names = [c[0] for c in position_removal.conditions(rope, cfg)]
+    assert names[:2] == ["axis_row", "axis_col"]
+    assert {"top_2", "top_4", "random_2/0", "random_2/1", "random_4/1"} <= set(names)
+    assert position_removal.applies(model("none")) is not None
+
+
+def test_top_frequency_planes_take_half_per_axis_and_the_fastest() -> None:
+    m = model()  # head_dim 16: 8 planes, 4 per axis
+    amap = axis_map(m)
+    mask = position_removal.top_frequency_mask(m, 4).numpy()
+    for b, h in np.ndindex(mask.shape[:2]):
+        for axis in ("row", "col"):
+            on_axis = amap.axis[b, h] == axis
+            chosen = mask[b, h] & on_axis
+            assert chosen.sum() == 2
+            assert amap.freq[b, h][chosen].min() >= amap.freq[b, h][on_axis & ~mask[b, h]].max()
+    r0, r1 = (position_removal.random_mask(m, 3, seed=s) for s in (0, 1))
+    assert (r0.sum(-1) == 3).all() and not torch.equal(r0, r1)
+
+
+def test_position_removal_end_to_end_and_outputs(task: Task, tmp_path: Path) -> None:
+    m = model()
+    res = position_removal.run(
+        m, task, position_removal.Config(**{**CFG.__dict__, "n_planes": (2,)})
+    )
+    by_name = {c.name: c for c in res.conditions}
+    assert {"axis_row", "axis_col", "top_2", "random_2/0"} <= set(by_name)
+    assert res.floor.retention["accuracy"] == pytest.approx(0.0) or np.isnan(
+        res.floor.retention["accuracy"]
+    )
+    assert 0 <= res.probe_site <= m.cfg.depth
+    assert by_name["axis_row"].probe is not None and by_name["axis_row"].probe.shape == (3,)
+    files = save(res, tmp_path)
+    assert {f.name for f in files} == {
+        "position_removal.json",
+        "position_removal_conditions.csv",
+        "position_removal.png",
+    }
+    text = (tmp_path / "position_removal.json").read_text()
+    json.loads(text, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
+    rows = (tmp_path / "position_removal_conditions.csv").read_text().splitlines()
+    assert len(rows) == 1 + 1 + len(res.conditions)  # header, floor, conditions
+
+
+def test_depth_profile_and_axis_map(task: Task, tmp_path: Path) -> None:
+    m = model()
+    res = depth_profile.run(m, task, CFG)
+    assert res.sites == ["0", "1", "out"]
+    assert res.probes.test_acc.shape == res.control.test_acc.shape == (3, 3)
+    assert res.ssdc_clean.shape == res.ssdc_rpi.shape == res.effective_rank.shape == (3,)
+    save(res, tmp_path)
+    assert (tmp_path / "depth_profile_probes.csv").is_file()
+    amap = axis_map_exp.run(m)
+    assert amap.counts == {"row": 2 * 2 * 4, "col": 2 * 2 * 4, "mixed": 0, "none": 0}
+    assert len(amap.tables()["planes"]) == 2 * 2 * 8
+    assert axis_map_exp.applies(model("ape")) is not None
+
+
+def test_probe_site_prefers_the_highest_ssdc_among_tied_probes() -> None:
+    acc = np.ones((3, 3))
+    probes = ProbeResult(acc, acc, acc, (1 / 16, 1 / 4, 1 / 4), (6, 2, 2))
+    r = Readout(
+        correct=np.ones(4, bool),
+        margin=np.ones(4),
+        ssdc_rpi=np.array([0.2, 0.7, 0.5]),
+        ssdc_rpi_norm=np.zeros(3),
+        ssdc_clean=None,
+        ssdc_clean_norm=None,
+        probes=probes,
+        probe_sites=(0, 1, 2),
+    )
+    assert choose_probe_site(r) == 1
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"n_images": 5}, "n_images"),
+        ({"probe_images": 5}, "probe_images"),
+        ({"n_images": 20, "probe_images": 30}, "probe_images"),
+        ({"split": "train"}, "split"),
+        ({"probe_block": -2}, "probe_block"),
+    ],
+)
+def test_config_errors_name_the_field(kwargs: dict, field: str) -> None:
+    with pytest.raises(ConfigError, match=field):
+        ExperimentConfig(**kwargs)
+
+
+def test_unknown_experiment_and_bad_site(task: Task) -> None:
+    with pytest.raises(UserError, match="unknown experiment"):
+        get("nope")
+    with pytest.raises(UserError, match="site 9"):
+        x, y = task.split("test")
+        measure(
+            model(), x[:10], y[:10], ExperimentConfig(n_images=10, probe_images=10), probe_sites=[9]
+        )
+
+
+def _checkpoint(folder: Path) -> Path:
+    m = model()
+    write_json(folder / "config.json", {"model": m.cfg.to_dict(), "data": DATA.__dict__})
+    save_tensors(folder / "model.safetensors", m.state_dict())
+    return folder
+
+
+def test_analyze_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ckpt = _checkpoint(tmp_path / "ckpt")
+    out = tmp_path / "out"
+    argv = ["analyze", str(ckpt), "--out", str(out), "--images", "20", "--probe-images", "10"]
+    assert main([*argv, "--experiments", "depth_profile,axis_map", "--no-progress"]) == 0
+    summary = json.loads((out / "analysis.json").read_text())
+    assert set(summary["experiments"]) == {"depth_profile", "axis_map"}
+    assert (out / "depth_profile.png").is_file() and (out / "axis_map_planes.csv").is_file()
+    assert "depth_profile" in capsys.readouterr().out
+
+    bad = tmp_path / "bad"
+    assert main([*argv[:2], "--out", str(bad), "--experiments", "depth_profile,nope"]) == 2
+    assert main([*argv[:2], "--out", str(bad), "--images", "3"]) == 2
+    assert "n_images" in capsys.readouterr().err
+    assert not bad.exists()
