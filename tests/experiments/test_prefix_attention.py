@@ -5,7 +5,6 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -22,15 +21,6 @@ from tests.conftest import tiny
 
 DATA = DataConfig(image_size=16, object_scale=5 / 16, margin=2.0, n_val=8, n_test=40, n_content=1)
 CFG = ExperimentConfig(n_images=40, probe_images=20, batch_size=40)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread() -> Iterator[None]:
-    """Small probe fits crawl in a contended 2-thread intra-op pool; one thread keeps tests fast."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -23,15 +22,6 @@ from tests.conftest import tiny
 # 16 px canvas with 5 px objects (the minimum), 4 classes; the tiny models see a 4x4 grid.
 DATA = DataConfig(image_size=16, object_scale=5 / 16, margin=2.0, n_val=8, n_test=40, n_content=1)
 CFG = resolution.Config(n_images=40, probe_images=20, batch_size=40, n_planes=(2,), draws=2)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread() -> Iterator[None]:
-    """Small probe fits crawl in a contended 2-thread intra-op pool; one thread keeps tests fast."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")

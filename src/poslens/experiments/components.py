@@ -56,7 +56,7 @@ class Config(ExperimentConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if not self.modes or any(m not in ("zero", "mean") for m in self.modes):
-            raise ConfigError(f"components.modes must be 'zero' and/or 'mean', got {self.modes!r}")
+            raise ConfigError(f"analysis.modes must be 'zero' and/or 'mean', got {self.modes!r}")
 
 
 def applies(model: ViT) -> str | None:

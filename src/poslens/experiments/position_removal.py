@@ -47,7 +47,7 @@ class Config(ExperimentConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if not self.n_planes or any(not isinstance(n, int) or n < 1 for n in self.n_planes):
-            raise ConfigError(f"n_planes must be positive integers, got {self.n_planes!r}")
+            raise ConfigError(f"analysis.n_planes must be positive integers, got {self.n_planes!r}")
 
 
 def applies(model: ViT) -> str | None:
@@ -150,7 +150,7 @@ class PositionRemoval:
         fig = Figure(figsize=(12, 3.8), layout="constrained")
         ax1, ax2, ax3 = fig.subplots(1, 3)
         shown = [self.floor, *(c for c in self.conditions if c.meta.get("kind") != "random")]
-        shown += [_mean_condition(self.conditions, n) for n in _random_ns(self.conditions)]
+        shown += [mean_condition(self.conditions, n) for n in random_ns(self.conditions)]
         names = [c.name for c in shown]
         y = np.arange(len(shown))
         base_acc = 100 * self.baseline["accuracy"]
@@ -180,11 +180,11 @@ class PositionRemoval:
         return fig
 
 
-def _random_ns(conds: list[ConditionResult]) -> list[int]:
+def random_ns(conds: list[ConditionResult]) -> list[int]:
     return sorted({c.meta["n"] for c in conds if c.meta.get("kind") == "random"})
 
 
-def _mean_condition(conds: list[ConditionResult], n: int) -> ConditionResult:
+def mean_condition(conds: list[ConditionResult], n: int) -> ConditionResult:
     """The draws of random_n averaged (for the figure; the table keeps each draw)."""
     draws = [c for c in conds if c.meta.get("kind") == "random" and c.meta["n"] == n]
     mean: Callable[[list[Any]], Any] = lambda v: np.mean(np.array(v, dtype=float), axis=0)  # noqa: E731
@@ -201,10 +201,10 @@ def _mean_condition(conds: list[ConditionResult], n: int) -> ConditionResult:
     )
 
 
-def _random_summary(conds: list[ConditionResult]) -> dict[str, dict[str, float]]:
+def random_summary(conds: list[ConditionResult]) -> dict[str, dict[str, float]]:
     """Mean and SE over draws of each random_n condition's accuracy, margin and probes."""
     out = {}
-    for n in _random_ns(conds):
+    for n in random_ns(conds):
         draws = [c for c in conds if c.meta.get("kind") == "random" and c.meta["n"] == n]
         values: dict[str, list[float]] = {"accuracy": [c.accuracy for c in draws]}
         values["margin"] = [c.margin for c in draws]
@@ -254,5 +254,5 @@ def run(
         conditions=results,
         n_images=len(x),
         probe_images=cfg.probe_images,
-        random_summary=_random_summary(results),
+        random_summary=random_summary(results),
     )

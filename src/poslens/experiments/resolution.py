@@ -36,7 +36,7 @@ from poslens.experiments.common import (
     summarise,
     track,
 )
-from poslens.experiments.position_removal import _mean_condition, _random_ns, _random_summary
+from poslens.experiments.position_removal import mean_condition, random_ns, random_summary
 from poslens.metrics.probes import TARGETS
 from poslens.models.vit import ViT
 
@@ -107,7 +107,7 @@ class SizeResult:
     def shown(self) -> list[ConditionResult]:
         """What the figure shows: random draws averaged per plane count."""
         out = [c for c in self.all() if c.meta.get("kind") != "random"]
-        return out + [_mean_condition(self.conditions, n) for n in _random_ns(self.conditions)]
+        return out + [mean_condition(self.conditions, n) for n in random_ns(self.conditions)]
 
 
 def _unpaired(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
@@ -235,7 +235,7 @@ def _size_result(
         intact=summarise("intact", ref.base, ref.base, ref.floor, site, {"kind": "intact"}),
         floor=summarise("floor", ref.floor, ref.base, ref.floor, site, {"kind": "floor"}),
         conditions=results,
-        random_summary=_random_summary(results),
+        random_summary=random_summary(results),
     )
 
 

@@ -49,7 +49,7 @@ class Config(ExperimentConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if any(not isinstance(k, int) or k < 0 for k in self.prefix_ks):
-            raise ConfigError(f"windows.prefix_ks must be block indices, got {self.prefix_ks!r}")
+            raise ConfigError(f"analysis.prefix_ks must be block indices, got {self.prefix_ks!r}")
 
 
 def applies(model: ViT) -> str | None:
@@ -94,7 +94,7 @@ def conditions(model: ViT, cfg: Config) -> list[tuple[str, str, list[int], Condi
     ks = sorted(set(cfg.prefix_ks)) if cfg.prefix_ks else list(range(depth))
     if ks and ks[-1] >= depth:
         raise ConfigError(
-            f"windows.prefix_ks has block {ks[-1]}; this model has blocks 0..{depth - 1}"
+            f"analysis.prefix_ks has block {ks[-1]}; this model has blocks 0..{depth - 1}"
         )
     out: list[tuple[str, str, list[int], Condition, int]] = []
     for k in ks:
