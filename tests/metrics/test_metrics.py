@@ -48,6 +48,21 @@ def test_streaming_equals_all_at_once() -> None:
     assert stream.sum.shape == (16, 16)  # memory does not grow with the number of images
 
 
+def test_float32_streaming_matches_float64_reference() -> None:
+    g = torch.Generator().manual_seed(1)
+    tokens = torch.randn(23, 16, 32, generator=g) + torch.linspace(0, 3, 16)[None, :, None]
+    stream = SSDC(4, 4, dtype=torch.float32)
+    for chunk in tokens.split(5):  # uneven last batch
+        stream.update(chunk)
+    unit = torch.nn.functional.normalize(tokens.double(), dim=-1)
+    at_once = (unit @ unit.transpose(1, 2)).mean(0).numpy()
+    assert stream.sum.dtype == torch.float64 and stream.count == 23
+    np.testing.assert_allclose(stream.similarity, at_once, atol=1e-6)
+    assert stream.value() == pytest.approx(ssdc_from_similarity(at_once, 4, 4), abs=1e-6)
+    with pytest.raises(ValueError):
+        SSDC(4, 4, dtype=torch.float16)
+
+
 def test_tokens_that_encode_position_give_high_ssdc() -> None:
     row, col = np.divmod(np.arange(36), 6)
     # Gaussian bumps centred on each token's own cell: nearby tokens overlap more

@@ -94,7 +94,8 @@ def conditions(model: ViT, cfg: Config) -> list[tuple[str, Condition, dict[str, 
     out: list[tuple[str, Condition, dict[str, Any]]] = []
     if model.cfg.uses_additive_pos:
         out.append(("ape_zero", ape_zero, {"kind": "ape"}))
-        out.append(("ape_permute", lambda m: ape_permute(m, seed=cfg.seed), {"kind": "ape"}))
+        # seed + 1: with RPI's own permutation the two would move content and position together
+        out.append(("ape_permute", lambda m: ape_permute(m, seed=cfg.seed + 1), {"kind": "ape"}))
     if model.cfg.uses_rope:
         amap = axis_map(model)
         for axis in ("row", "col"):
