@@ -35,6 +35,7 @@ from poslens.interventions import axis_map
 from poslens.metrics.probes import TARGETS
 from poslens.models.vit import ViT
 
+CURVE_KINDS = ("prefix", "suffix", "middle")  # windows with probe curves
 ONSET_FRACTION = (
     0.1  # recovery "starts" when RPI-SSDC rises this share of the peak span above the floor
 )
@@ -44,7 +45,9 @@ ONSET_FRACTION = (
 class Config(ExperimentConfig):
     prefix_ks: tuple[int, ...] = ()  # last withheld block of the prefix windows; () = every block
     axis_windows: bool = True  # also row-only / column-only prefix windows and their random control
-    probe_curves: bool = True  # probes at every site (else only at the probe site)
+    # probes at every site for the all-plane windows (else only at the probe site); the axis and
+    # random-plane windows are always probed at the probe site only
+    probe_curves: bool = True
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -263,13 +266,14 @@ def run(model: ViT, data: Task, cfg: Config | None = None, progress: bool = Fals
             continue
         assert ref is not None
         name, kind, blocks, cond, draw = item
-        sites = all_sites if cfg.probe_curves else [ref.probe_site]
+        curves = cfg.probe_curves and kind in CURVE_KINDS
+        sites = all_sites if curves else [ref.probe_site]
         r = measure(model, x, y, cfg, cond, probe_sites=sites)
         meta = {"kind": kind, "first": blocks[0], "last": blocks[-1], "draw": draw}
         res = summarise(name, r, ref.base, ref.floor, ref.probe_site, meta)
         onset, half = recovery(r.ssdc_rpi, ref.base.ssdc_rpi, ref.floor.ssdc_rpi, blocks[-1])
         ends_early = blocks[-1] < model.cfg.depth - 1
-        probes = r.probes.test_acc if cfg.probe_curves and r.probes is not None else None
+        probes = r.probes.test_acc if curves and r.probes is not None else None
         windows.append(
             Window(
                 kind,
