@@ -97,7 +97,7 @@ class DepthProfile:
         return {"ssdc": ssdc, "probes": probes}
 
     def plot(self) -> Figure:
-        fig = Figure(figsize=(10, 3.4), layout="constrained")
+        fig = Figure(figsize=(11, 3.6), layout="constrained")
         ax1, ax2 = fig.subplots(1, 2)
         x = np.arange(len(self.sites))
         ax1.plot(x, self.ssdc_rpi, "o-", label="RPI, raw")
@@ -116,7 +116,7 @@ class DepthProfile:
             ax2.plot(x, 100 * self.control.test_acc[:, j], ":", color=line.get_color())
             ax2.axhline(100 * self.probes.chance[j], color=line.get_color(), lw=0.8, ls="--")
         ax2.axvline(self.probe_site, color="grey", lw=4, alpha=0.2)
-        ax2.set(title="position probes (dotted: random init, dashed: chance)", ylim=(0, 101))
+        ax2.set(title="probes (dotted: random init; dashed: chance)", ylim=(0, 101))
         ax2.set(xlabel="site", ylabel="test accuracy (%)")
         ax1.legend(fontsize=7)
         ax2.legend(fontsize=7)
