@@ -1,0 +1,131 @@
+"""SAE quality: FVU, L0, dead fraction and cosine on held-out tokens; splicing into the model.
+
+FVU = sum ||x - x_hat||^2 / sum ||x - mean||^2 with the per-dimension mean of the evaluated
+tokens, always in the original activation space (also for whitened SAEs). A latent is dead on
+some data when its code is never > 0 there: being among the top k with a zero code is not firing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+
+import torch
+import torch.nn.functional as F
+
+from poslens.metrics.stats import correct_class_margin, paired_diff
+from poslens.models import ViT
+from poslens.sae.model import TopKSAE
+from poslens.sae.store import ActivationStore
+
+Edit = Callable[[torch.Tensor], torch.Tensor]
+
+
+def fvu(x_ND: torch.Tensor, x_hat_ND: torch.Tensor) -> float:
+    """Fraction of variance unexplained, against the per-dimension mean of x."""
+    x, x_hat = x_ND.double(), x_hat_ND.double()
+    return float((x - x_hat).pow(2).sum() / (x - x.mean(0)).pow(2).sum())
+
+
+@torch.no_grad()
+def evaluate(
+    sae: TopKSAE, data: ActivationStore | torch.Tensor, chunk: int = 8192
+) -> dict[str, float]:
+    """fvu, l0 (mean positive codes per token), dead_fraction and mean cosine(x, x_hat) on data."""
+    store = data if isinstance(data, ActivationStore) else ActivationStore(data)
+    dev = sae.W_dec.device
+    err, cos, l0 = (torch.zeros((), dtype=torch.float64, device=dev) for _ in range(3))
+    s_D, s2_D = (torch.zeros(store.d_in, dtype=torch.float64, device=dev) for _ in range(2))
+    fired_F = torch.zeros(sae.d_sae, dtype=torch.bool, device=dev)
+    for x in store.chunks(chunk):
+        x = x.to(dev)
+        x_hat, codes = sae(x)
+        err += (x - x_hat).double().pow(2).sum()
+        s_D += x.double().sum(0)
+        s2_D += x.double().pow(2).sum(0)
+        cos += F.cosine_similarity(x, x_hat, dim=-1).double().sum()
+        pos = codes > 0
+        l0 += pos.sum()
+        fired_F |= pos.any(0)
+    n = len(store)
+    total_var = (s2_D - s_D**2 / n).sum()
+    return {
+        "fvu": float(err / total_var),
+        "l0": float(l0 / n),
+        "dead_fraction": float(1 - fired_F.float().mean()),
+        "cos": float(cos / n),
+        "tokens": n,
+    }
+
+
+@contextlib.contextmanager
+def splice(
+    model: ViT,
+    sae: TopKSAE,
+    site: str | None = None,
+    with_error: bool = False,
+    edit: Edit | None = None,
+    include_prefix: bool | None = None,
+) -> Iterator[None]:
+    """Within the `with`, replace the activation x at `site` (default: the SAE's) by D(z').
+
+    z = E(x) and z' = edit(z) (z without edit; edit gets codes [B, T, F] and returns new codes).
+    with_error adds the SAE's error back: x + D(z') - D(z), so only edited latents move and no
+    edit is an exact identity. Only patch tokens are touched unless include_prefix (default: as
+    the SAE was trained).
+    """
+    site = site or sae.site
+    keep_prefix = sae.include_prefix if include_prefix is None else include_prefix
+    p = 0 if keep_prefix else model.cfg.num_prefix
+
+    def hook(t_BTD: torch.Tensor, _name: str) -> torch.Tensor:
+        x = t_BTD[:, p:].float()
+        codes = sae.encode(x)
+        rec = sae.decode(codes)
+        new = rec if edit is None else sae.decode(edit(codes))
+        if with_error:
+            new = x + (new - rec)
+        return torch.cat([t_BTD[:, :p], new.to(t_BTD.dtype)], dim=1)
+
+    with model.hooks([(site, hook)]):
+        yield
+
+
+@torch.no_grad()
+def spliced_quality(
+    model: ViT, sae: TopKSAE, images: torch.Tensor, labels: torch.Tensor, batch: int = 256
+) -> dict[str, dict[str, float]]:
+    """Accuracy, correct-class margin and KL(clean || spliced) with the reconstruction spliced in,
+    without ("spliced") and with ("spliced_error", a sanity check: KL ~ 0) the error term;
+    differences to clean are paired over images, with their standard errors."""
+    model.eval()
+    device, labels = model.head.weight.device, labels.cpu()
+    out: dict[str, list[torch.Tensor]] = {"clean": [], "spliced": [], "spliced_error": []}
+    for i in range(0, images.shape[0], batch):
+        x = images[i : i + batch].to(device)
+        out["clean"].append(model(x))
+        with splice(model, sae, with_error=False):
+            out["spliced"].append(model(x))
+        with splice(model, sae, with_error=True):
+            out["spliced_error"].append(model(x))
+    logits = {k: torch.cat(v).float().cpu() for k, v in out.items()}
+    clean_logp = logits["clean"].log_softmax(-1)
+    correct = {k: (v.argmax(-1) == labels).double().numpy() for k, v in logits.items()}
+    margin = {k: correct_class_margin(v, labels).double().numpy() for k, v in logits.items()}
+    result = {
+        "clean": {"acc": float(correct["clean"].mean()), "margin": float(margin["clean"].mean())}
+    }
+    for k in ("spliced", "spliced_error"):
+        kl = (clean_logp.exp() * (clean_logp - logits[k].log_softmax(-1))).sum(-1).mean()
+        d_acc = paired_diff(correct[k], correct["clean"])
+        d_margin = paired_diff(margin[k], margin["clean"])
+        result[k] = {
+            "acc": float(correct[k].mean()),
+            "margin": float(margin[k].mean()),
+            "kl": float(kl),
+            "d_acc": d_acc.mean,
+            "d_acc_se": d_acc.se,
+            "d_margin": d_margin.mean,
+            "d_margin_se": d_margin.se,
+        }
+    return result
