@@ -129,6 +129,31 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sae_train(args: argparse.Namespace) -> int:
+    import poslens
+    from poslens.sae import SAEConfig
+    from poslens.sae.pipeline import train_on_checkpoint
+
+    cfg = SAEConfig(
+        site=args.site, expansion=args.expansion, k=args.k, epochs=args.epochs, whiten=args.whiten
+    )
+    if args.images < 10:
+        raise UserError(f"--images must be at least 10, got {args.images}")
+    model = poslens.load(args.checkpoint, device=args.device)
+    task = poslens.load_task(args.checkpoint)
+    cfg.d_sae(model.cfg.dim)  # ConfigError now if k does not fit, before any work
+    r = train_on_checkpoint(
+        model, task, cfg, Path(args.out), n_images=args.images, progress=not args.no_progress
+    )
+    q, sp, pl = r["quality"], r["spliced"], r["positional_latents"]
+    print(
+        f"{cfg.site}: FVU {q['fvu']:.3f}  L0 {q['l0']:.1f}  dead {q['dead_fraction']:.1%}  "
+        f"accuracy clean {sp['clean']['acc']:.1%} -> spliced {sp['spliced']['acc']:.1%}"
+    )
+    print(f"{pl['verdict']}\nsaved to {args.out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from poslens.models.config import POSENCS
 
@@ -175,6 +200,23 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
     a.add_argument("--no-progress", action="store_true", help="no progress bars")
     a.set_defaults(fn=cmd_analyze)
+
+    sae = sub.add_parser("sae", help="sparse autoencoders on a checkpoint's activations")
+    sae_sub = sae.add_subparsers(dest="sae_command", required=True, parser_class=_Parser)
+    st = sae_sub.add_parser(
+        "train", help="train a TopK SAE at one hook and find positional latents"
+    )
+    st.add_argument("checkpoint", help="poslens checkpoint folder")
+    st.add_argument("--site", default="blocks.1.ln1.hook_normalized", help="hook name")
+    st.add_argument("--out", required=True, help="folder for the SAE, its report and figure")
+    st.add_argument("--k", type=int, default=16, help="active latents per token")
+    st.add_argument("--expansion", type=int, default=4, help="d_sae / d_in")
+    st.add_argument("--epochs", type=int, default=5)
+    st.add_argument("--whiten", action="store_true", help="train on exactly whitened activations")
+    st.add_argument("--images", type=int, default=1000, help="training images (default 1000)")
+    st.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
+    st.add_argument("--no-progress", action="store_true", help="no progress bar")
+    st.set_defaults(fn=cmd_sae_train)
 
     i = sub.add_parser("info", help="describe a checkpoint")
     i.add_argument("checkpoint")

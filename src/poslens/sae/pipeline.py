@@ -1,0 +1,118 @@
+"""Train an SAE on a checkpoint's activations and describe it: quality and positional latents.
+
+Training tokens come from fresh training images (the task's generator, never the evaluation
+sets); quality (held-out FVU, L0, dead fraction, cosine; accuracy, margin and KL with the
+reconstruction spliced in, with and without the error term) and the positional latents are
+measured on the validation split. Writes the SAE (safetensors + cfg.json), `sae_report.json`
+and `positional_latents.png` into one folder.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from matplotlib.figure import Figure
+
+from poslens.data import Task
+from poslens.errors import ConfigError
+from poslens.experiments.common import jsonable
+from poslens.io import atomic_write, write_json
+from poslens.models.vit import ViT
+from poslens.sae.config import SAEConfig
+from poslens.sae.io import save_sae
+from poslens.sae.latents import PositionalLatents, find_positional_latents
+from poslens.sae.metrics import evaluate, spliced_quality
+from poslens.sae.model import TopKSAE
+from poslens.sae.store import ActivationStore
+from poslens.sae.train import train_sae
+
+
+def training_images(task: Task, n: int, batch: int = 256) -> torch.Tensor:
+    """n fresh training images [n, C, H, W] (the same ones for the same task seed)."""
+    chunks = [
+        task.train_batch(step, min(batch, n - step * batch))[0]
+        for step in range((n + batch - 1) // batch)
+    ]
+    return torch.cat(chunks)
+
+
+@torch.no_grad()
+def patch_codes(model: ViT, sae: TopKSAE, images: torch.Tensor, batch: int = 256) -> np.ndarray:
+    """SAE codes [N, gh*gw, F] of the patch tokens at the SAE's site."""
+    p = model.cfg.num_prefix
+    out = []
+    for i in range(0, len(images), batch):
+        _, cache = model.run_with_cache(
+            images[i : i + batch].to(model.head.weight.device), sae.site
+        )
+        out.append(sae.encode(cache[sae.site][:, p:].float()).cpu().numpy())
+    return np.concatenate(out)
+
+
+def latent_maps_figure(pl: PositionalLatents, max_maps: int = 24) -> Figure:
+    """The G x G mean-activation maps of the positional latents, row latents first (by their row),
+    then column latents (by their column), then cell and mixed ones."""
+    order = sorted(
+        range(len(pl.latents)),
+        key=lambda i: (
+            ("row", "col", "cell", "mixed").index(str(pl.kind[i])),
+            int(pl.maps[i].mean(1).argmax())
+            if pl.kind[i] == "row"
+            else int(pl.maps[i].mean(0).argmax()),
+        ),
+    )[:max_maps]
+    cols = min(8, max(len(order), 1))
+    rows = max(1, (len(order) + cols - 1) // cols)
+    fig = Figure(figsize=(1.5 * cols, 1.6 * rows + 0.4), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(rows, cols)).ravel()
+    for ax in axes:
+        ax.set_axis_off()
+    for ax, i in zip(axes, order, strict=False):
+        ax.imshow(pl.maps[i], cmap="magma")
+        ax.set_title(f"#{pl.latents[i]} {pl.kind[i]}", fontsize=7)
+    fig.suptitle(f"positional latents: {pl.counts}", fontsize=9)
+    return fig
+
+
+def train_on_checkpoint(
+    model: ViT,
+    task: Task,
+    cfg: SAEConfig,
+    out: Path,
+    n_images: int = 1000,
+    eval_images: int = 300,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Train, evaluate, find positional latents, save everything to `out`; returns the report."""
+    if cfg.site not in model.hook_names():
+        raise ConfigError(
+            f"sae.site {cfg.site!r} is not a hook of this model (see poslens info --hooks)"
+        )
+    model.eval()
+    store = ActivationStore.from_model(
+        model, training_images(task, n_images), cfg.site, cfg.include_prefix
+    )
+    sae, history = train_sae(store, cfg, progress=progress, device=model.head.weight.device)
+    x_val, y_val = task.split("val")
+    x_val, y_val = x_val[:eval_images], y_val[:eval_images]
+    held_out = ActivationStore.from_model(model, x_val, cfg.site, cfg.include_prefix)
+    gh, gw = model.grid_of(x_val[:1])
+    positional = find_positional_latents(patch_codes(model, sae, x_val), gh, gw)
+    report = {
+        "site": cfg.site,
+        "config": cfg.to_dict(),
+        "train_tokens": len(store),
+        "eval_tokens": len(held_out),
+        "quality": evaluate(sae, held_out),
+        "spliced": spliced_quality(model, sae, x_val, y_val),
+        "positional_latents": positional.to_dict(),
+        "history": history,
+    }
+    save_sae(sae, out, cfg, metadata={"posenc": model.cfg.posenc})
+    write_json(out / "sae_report.json", jsonable(report))
+    fig = latent_maps_figure(positional)
+    atomic_write(out / "positional_latents.png", lambda p: fig.savefig(p, format="png", dpi=120))
+    return report
