@@ -1,21 +1,8 @@
-"""SAE tests run single-threaded: the matrices are tiny and OpenMP only adds waiting."""
+"""Planted sparse data for the SAE tests."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import pytest
 import torch
-
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def planted(

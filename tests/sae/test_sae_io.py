@@ -14,7 +14,6 @@ from tests.sae.conftest import planted
 
 @pytest.fixture(scope="module")
 def saes() -> list[tuple[TopKSAE, SAEConfig]]:
-    torch.set_num_threads(1)
     x, _ = planted(1024)
     out = []
     for whiten in (False, True):

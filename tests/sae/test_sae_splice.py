@@ -11,7 +11,6 @@ SITE = "blocks.1.ln1.hook_normalized"
 
 @pytest.fixture(scope="module")
 def setup() -> tuple[torch.nn.Module, TopKSAE, torch.Tensor]:
-    torch.set_num_threads(1)
     model = tiny("ape")
     imgs = torch.randn(40, 1, 16, 16, generator=torch.Generator().manual_seed(2))
     store = ActivationStore.from_model(model, imgs, SITE)

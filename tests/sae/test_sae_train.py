@@ -12,7 +12,6 @@ CFG = SAEConfig(site="synthetic", expansion=4, k=4, batch=256, steps=400, lr=3e-
 
 @pytest.fixture(scope="module")
 def trained() -> tuple[torch.nn.Module, list[dict[str, float]], torch.Tensor, torch.Tensor]:
-    torch.set_num_threads(1)
     x, feats = planted(8192 + 2048)
     sae, history = train_sae(x[:8192], CFG)
     return sae, history, feats, x[8192:]
