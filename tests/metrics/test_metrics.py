@@ -51,9 +51,11 @@ def test_streaming_equals_all_at_once() -> None:
 def test_float32_streaming_matches_float64_reference() -> None:
     g = torch.Generator().manual_seed(1)
     tokens = torch.randn(23, 16, 32, generator=g) + torch.linspace(0, 3, 16)[None, :, None]
+    before = tokens.clone()
     stream = SSDC(4, 4, dtype=torch.float32)
     for chunk in tokens.split(5):  # uneven last batch
         stream.update(chunk)
+    assert torch.equal(tokens, before)  # normalised in place, but on a copy
     unit = torch.nn.functional.normalize(tokens.double(), dim=-1)
     at_once = (unit @ unit.transpose(1, 2)).mean(0).numpy()
     assert stream.sum.dtype == torch.float64 and stream.count == 23
