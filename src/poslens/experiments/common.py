@@ -461,12 +461,20 @@ class Reference:
 
 
 def reference(
-    model: ViT, images: torch.Tensor, labels: torch.Tensor, cfg: ExperimentConfig
+    model: ViT,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    cfg: ExperimentConfig,
+    extra_sites: Sequence[int] = (),
 ) -> Reference:
-    """Measure the baseline and the floor; pick the probe site unless cfg.probe_block fixes it."""
+    """Measure the baseline and the floor; pick the probe site unless cfg.probe_block fixes it.
+
+    extra_sites: further sites where the baseline is probed too (e.g. downstream of an edit).
+    """
     fixed = cfg.probe_block >= 0
     sites = [check_site(model, cfg.probe_block)] if fixed else range(model.cfg.depth + 1)
-    base = measure(model, images, labels, cfg, probe_sites=list(sites))
+    sites = sorted({*sites, *extra_sites})
+    base = measure(model, images, labels, cfg, probe_sites=sites)
     site = cfg.probe_block if fixed else choose_probe_site(base)
     floor = measure(model, images, labels, cfg, floor_condition(model), probe_sites=[site])
     return Reference(base, floor, site)

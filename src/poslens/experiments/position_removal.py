@@ -31,7 +31,7 @@ from poslens.experiments.common import (
     track,
 )
 from poslens.interventions import ape_permute, ape_zero, axis_map, rotary_mask
-from poslens.interventions.rotary import num_planes
+from poslens.interventions.rotary import AxisMap, num_planes
 from poslens.metrics.probes import TARGETS
 from poslens.models.vit import ViT
 
@@ -54,10 +54,10 @@ def applies(model: ViT) -> str | None:
     return None if model.cfg.posenc != "none" else "posenc=none has no position to remove"
 
 
-def top_frequency_mask(model: ViT, n: int) -> torch.Tensor:
+def top_frequency_mask(model: ViT, n: int, amap: AxisMap | None = None) -> torch.Tensor:
     """[depth, H, P]: per head the n fastest-turning planes, n/2 per axis where planes follow one
     axis (axial RoPE), else the n fastest overall (mixed RoPE)."""
-    amap = axis_map(model)
+    amap = amap or axis_map(model)
     freq = torch.as_tensor(amap.freq)
     mask = torch.zeros(freq.shape, dtype=torch.bool)
     for b in range(freq.shape[0]):
@@ -107,7 +107,11 @@ def conditions(model: ViT, cfg: Config) -> list[tuple[str, Condition, dict[str, 
         P = num_planes(model)
         for n in (n for n in cfg.n_planes if n <= P):
             out.append(
-                (f"top_{n}", planes_off(top_frequency_mask(model, n)), {"kind": "top", "n": n})
+                (
+                    f"top_{n}",
+                    planes_off(top_frequency_mask(model, n, amap)),
+                    {"kind": "top", "n": n},
+                )
             )
             for d in range(cfg.draws):
                 mask = random_mask(model, n, seed=cfg.seed * 1000 + 17 * n + d)

@@ -313,8 +313,8 @@ def run(
     results, probes = [], {}
     for step in track([None, *conds], "sae_causal", progress):
         if step is None:
-            ref = reference(model, x, y, cfg_probe)
-            base = measure(model, x, y, cfg_probe, probe_sites=probe_sites)
+            ref = reference(model, x, y, cfg_probe, extra_sites=probe_sites)
+            base = ref.base  # probed at the SAE's site and at the output
             continue
         assert ref is not None
         name, cond, meta = step
