@@ -51,3 +51,32 @@ def positive_float(name: str, value: Any, allow_zero: bool = False) -> None:
 def one_of(name: str, value: Any, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise ConfigError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
+
+
+def parse_value(name: str, text: str, default: Any) -> Any:
+    """Parse a command-line value (`--set exp.field=text`) to the type of the field's default."""
+    try:
+        if isinstance(default, bool):
+            if text.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                raise ValueError
+            return text.lower() in ("true", "1", "yes")
+        if isinstance(default, tuple):
+            kind = type(default[0]) if default else str
+            return tuple(parse_value(name, t.strip(), kind()) for t in text.split(",") if t.strip())
+        if isinstance(default, (int, float)):
+            return type(default)(text)
+        return text
+    except ValueError:
+        kind = "true/false" if isinstance(default, bool) else type(default).__name__
+        raise ConfigError(f"{name} must be {kind}, got {text!r}") from None
+
+
+def override(cls: Any, section: str, items: dict[str, str]) -> dict[str, Any]:
+    """Field values for `cls` from `field -> text` pairs, naming unknown fields and bad values."""
+    fields = cls.__dataclass_fields__
+    out = {}
+    for key, text in items.items():
+        if key not in fields:
+            raise ConfigError(f"unknown field {section}.{key} (known: {', '.join(fields)})")
+        out[key] = parse_value(f"{section}.{key}", text, getattr(cls, key))
+    return out

@@ -77,12 +77,27 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _overrides(items: Sequence[str], names: Sequence[str]) -> dict[str, dict[str, str]]:
+    """`--set experiment.field=value` items grouped by experiment (which must be selected)."""
+    out: dict[str, dict[str, str]] = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        exp, dot, field = key.partition(".")
+        if not eq or not dot or not field:
+            raise UserError(f"--set expects EXPERIMENT.FIELD=VALUE, got {item!r}")
+        if exp not in names:
+            raise UserError(f"--set {item!r}: experiment {exp!r} is not selected")
+        out.setdefault(exp, {})[field] = value
+    return out
+
+
 def cmd_analyze(args: argparse.Namespace) -> int:
     import dataclasses
     import time
 
     import poslens
     from poslens import experiments
+    from poslens._config import override
     from poslens.experiments.common import jsonable, save
     from poslens.io import write_json
 
@@ -97,7 +112,12 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         "seed": args.seed,
         "probe_block": args.probe_block,
     }
-    configs = [m.Config(**common) for m in modules]  # ConfigError before any work, too
+    sets = _overrides(args.set, names)
+    # ConfigError before any work, too
+    configs = [
+        m.Config(**common, **override(m.Config, n, sets.get(n, {})))
+        for n, m in zip(names, modules, strict=True)
+    ]
     model = poslens.load(args.checkpoint, device=args.device)
     data = poslens.load_task(args.checkpoint)
     out = Path(args.out)
@@ -196,6 +216,14 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--seed", type=int, default=0, help="RPI permutation, probe split, random draws")
     a.add_argument(
         "--probe-block", type=int, default=-1, help="site for single-site probes (-1: automatic)"
+    )
+    a.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="EXP.FIELD=VALUE",
+        help="override an experiment's config field, e.g. "
+        "sae_causal.sites=blocks.0.hook_resid_pre,blocks.2.hook_resid_pre (repeatable)",
     )
     a.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
     a.add_argument("--no-progress", action="store_true", help="no progress bars")

@@ -247,4 +247,18 @@ def test_analyze_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
     assert main([*argv[:2], "--out", str(bad), "--experiments", "depth_profile,nope"]) == 2
     assert main([*argv[:2], "--out", str(bad), "--images", "3"]) == 2
     assert "n_images" in capsys.readouterr().err
+    for item, message in (
+        ("depth_profile.colour=1", "unknown field depth_profile.colour"),
+        ("depth_profile.draws=many", "depth_profile.draws must be int"),
+        ("windows.draws=2", "experiment 'windows' is not selected"),
+        ("depth_profile", "EXPERIMENT.FIELD=VALUE"),
+    ):
+        argv_bad = [*argv[:2], "--out", str(bad), "--experiments", "depth_profile"]
+        assert main([*argv_bad, "--set", item]) == 2
+        assert message in capsys.readouterr().err
     assert not bad.exists()
+    # --set reaches the experiment's config (recorded in analysis.json)
+    argv_set = [*argv, "--experiments", "axis_map", "--no-progress", "--set", "axis_map.draws=5"]
+    assert main([*argv_set[:3], str(tmp_path / "set"), *argv_set[4:]]) == 0
+    summary = json.loads((tmp_path / "set" / "analysis.json").read_text())
+    assert summary["experiments"]["axis_map"]["config"]["draws"] == 5

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 from pathlib import Path
 
 import numpy as np
@@ -19,24 +20,45 @@ DATA = DataConfig(image_size=16, object_scale=0.32, n_val=30, n_test=40)
 
 def test_sae_causal_end_to_end(tmp_path: Path) -> None:
     m, task = tiny("ape", num_classes=16), build_task(DATA)
+    sites = ("blocks.0.hook_resid_pre", "blocks.1.ln1.hook_normalized")
     cfg = sae_causal.Config(
-        site="blocks.1.hook_resid_pre", n_images=30, probe_images=20, batch_size=30,
+        sites=sites, n_images=30, probe_images=20, batch_size=30,
         train_images=40, epochs=2, k=4, doses=(2,), draws=1,
     )  # fmt: skip
     res = sae_causal.run(m, task, cfg)
-    families = {c.meta["family"] for c in res.conditions}
-    assert {"reconstruction", "positional", "positional+error", "uniform", "matched"} <= families
-    assert res.probe_sites == [1, 2] and res.probes["intact"].shape == (2, 3)
-    n_pos = len(res.positional.latents)
-    if n_pos:  # the dose ladder always ends with all positional latents
-        assert any(c.name == f"zero_{n_pos}" for c in res.conditions)
-        assert {"mean_all", "resample_other_image", "resample_other_position"} <= {
-            c.name for c in res.conditions
-        }
+    assert [r.site for r in res.results] == list(sites)
+    assert [r.site_index for r in res.results] == [0, 1]
+    for r in res.results:
+        families = {c.meta["family"] for c in r.conditions}
+        assert {
+            "reconstruction",
+            "positional",
+            "positional+error",
+            "uniform",
+            "matched",
+        } <= families
+        assert r.probes["intact"].shape == (2, 3)
+        assert np.allclose(r.probes["chance"][:, 0], 1 / 16)  # 4x4 grid: exact chance 1/16
+        n_pos = len(r.positional.latents)
+        if n_pos:  # the dose ladder always ends with all positional latents
+            assert any(c.name == f"zero_{n_pos}" for c in r.conditions)
+            assert {"mean_all", "resample_other_image", "resample_other_position"} <= {
+                c.name for c in r.conditions
+            }
+            v = r.verdict_numbers()
+            assert v["zero_all+error"]["probe_exact_site"] == r.probes[f"zero_{n_pos}+error"][0, 0]
+    # the intact probes at a site are the baseline's, whichever SAE site asked for them
+    assert np.array_equal(res.results[0].probes["intact"][1], res.results[1].probes["intact"][1])
+    verdict = res.verdict()
+    assert set(verdict) == set(sites)
+    assert all(isinstance(v["probe_causal"], bool) for v in verdict.values())
     save(res, tmp_path)
-    assert (tmp_path / "sae_causal_conditions.csv").is_file()
-    with pytest.raises(ConfigError, match="analysis.site"):
-        sae_causal.run(m, task, sae_causal.Config(site="blocks.9.nope"))
+    rows = list(csv.DictReader((tmp_path / "sae_causal_conditions.csv").open()))
+    assert {r["sae_site"] for r in rows} == set(sites)
+    with pytest.raises(ConfigError, match="analysis.sites"):
+        sae_causal.run(m, task, sae_causal.Config(sites=("blocks.9.nope",)))
+    with pytest.raises(ConfigError, match="analysis.sites"):
+        sae_causal.Config(sites=())
 
 
 def test_edits() -> None:

@@ -1,6 +1,7 @@
 """SAE causal test: do the positional latents carry the position the model uses?
 
-An SAE at one site (trained here unless given) is spliced into the model. The top 4, 8, ...,
+At each configured site an SAE (trained here unless given) is spliced into the model; sites are
+reported side by side because decodability and use differ by site. The top 4, 8, ...,
 all positional latents (ordered by positional score) are zeroed and we measure accuracy and
 margin (paired SE), RPI-SSDC per site, and exact/row/column probes at the SAE's site and at the
 output. Every dose is run as the plain splice (the reconstruction with the edit) and as
@@ -27,9 +28,10 @@ from poslens.experiments.common import (
     Condition,
     ConditionResult,
     ExperimentConfig,
+    Readout,
     eval_images,
+    floor_condition,
     measure,
-    reference,
     site_labels,
     summarise,
     track,
@@ -49,7 +51,9 @@ Edit = Callable[[torch.Tensor], torch.Tensor]
 
 @dataclass(frozen=True)
 class Config(ExperimentConfig):
-    site: str = "blocks.1.ln1.hook_normalized"  # where the SAE reads and is spliced
+    # Where SAEs read and are spliced, one test each: the embedding output (raw) and block 1's
+    # normalised input (the original study's kind of site; see NOTES.md on raw-residual SAEs).
+    sites: tuple[str, ...] = ("blocks.0.hook_resid_pre", "blocks.1.ln1.hook_normalized")
     k: int = 16
     expansion: int = 4
     epochs: int = 5
@@ -61,12 +65,14 @@ class Config(ExperimentConfig):
         super().__post_init__()
         if not self.doses or any(not isinstance(d, int) or d < 1 for d in self.doses):
             raise ConfigError(f"analysis.doses must be positive integers, got {self.doses!r}")
+        if not self.sites or any(not isinstance(s, str) or not s for s in self.sites):
+            raise ConfigError(f"analysis.sites must be hook names, got {self.sites!r}")
         if self.train_images < 10:
             raise ConfigError(f"analysis.train_images must be at least 10, got {self.train_images}")
 
-    def sae_config(self) -> SAEConfig:
+    def sae_config(self, site: str) -> SAEConfig:
         return SAEConfig(
-            site=self.site,
+            site=site,
             k=self.k,
             expansion=self.expansion,
             epochs=self.epochs,
@@ -152,103 +158,204 @@ def matched_random(codes_NTF: np.ndarray, positional: np.ndarray, n: int, seed: 
 
 
 @dataclass(frozen=True)
+class SiteResult:
+    """The causal test at one SAE site: the SAE's quality, its positional latents, every condition."""
+
+    site: str
+    site_index: int  # residual site the hook belongs to (its probes are fitted there)
+    sae_quality: dict[str, float]
+    positional: PositionalLatents
+    conditions: list[ConditionResult]
+    probes: dict[str, np.ndarray]  # condition -> [2, 3]: (this site, output) x (exact, row, col)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "site": self.site,
+            "site_index": self.site_index,
+            "sae_quality": self.sae_quality,
+            "positional_latents": self.positional.to_dict(),
+            "conditions": self.conditions,
+            "probes": self.probes,
+            "verdict": self.verdict_numbers(),
+        }
+
+    def family(self, family: str) -> list[ConditionResult]:
+        return [c for c in self.conditions if c.meta.get("family") == family]
+
+    def dose_curve(self, family: str) -> tuple[list[int], list[float], list[ConditionResult]]:
+        """Doses, exact-probe accuracy at the site (averaged over draws) and the conditions."""
+        by_n: dict[int, list[ConditionResult]] = {}
+        for c in self.family(family):
+            by_n.setdefault(c.meta["n"], []).append(c)
+        ns = sorted(by_n)
+        probe = [float(np.mean([self.probes[c.name][0, 0] for c in by_n[n]])) for n in ns]
+        return ns, probe, [by_n[n][0] for n in ns]
+
+    def verdict_numbers(self) -> dict[str, Any]:
+        """The numbers a claim rests on: probe drop toward chance (as a fraction of intact - chance)
+        for all positional latents zeroed (+error: only they move) vs matched random latents, the
+        accuracy and margin cost with paired SE, and the reconstruction-alone confound."""
+        intact, chance = self.probes["intact"], self.probes["chance"]
+        out: dict[str, Any] = {"n_positional": len(self.positional.latents)}
+        out |= {"kinds": self.positional.counts}
+
+        def drop(name: str, where: int = 0) -> float:
+            gap = intact[where, 0] - chance[where, 0]
+            return float((intact[where, 0] - self.probes[name][where, 0]) / gap) if gap else 0.0
+
+        recon = self.family("reconstruction")[0]
+        out["reconstruction"] = {
+            "d_accuracy": recon.d_accuracy.mean,
+            "d_accuracy_se": recon.d_accuracy.se,
+            "probe_drop_site": drop(recon.name),
+            "probe_drop_out": drop(recon.name, 1),
+        }
+        n = len(self.positional.latents)
+        if not n:
+            return out
+        for key, name in (("zero_all", f"zero_{n}"), ("zero_all+error", f"zero_{n}+error")):
+            c = next(c for c in self.conditions if c.name == name)
+            out[key] = {
+                "probe_exact_site": float(self.probes[name][0, 0]),
+                "probe_drop_site": drop(name),
+                "probe_drop_out": drop(name, 1),
+                "d_accuracy": c.d_accuracy.mean,
+                "d_accuracy_se": c.d_accuracy.se,
+                "d_margin": c.d_margin.mean,
+                "d_margin_se": c.d_margin.se,
+            }
+        matched = [c for c in self.family("matched") if c.meta["n"] == n]
+        if matched:
+            out["matched_all"] = {
+                "probe_drop_site": float(np.mean([drop(c.name) for c in matched])),
+                "probe_drop_out": float(np.mean([drop(c.name, 1) for c in matched])),
+                "d_accuracy": float(np.mean([c.d_accuracy.mean for c in matched])),
+                "d_margin": float(np.mean([c.d_margin.mean for c in matched])),
+                "draws": len(matched),
+            }
+        for how in ("other_image", "other_position"):
+            out[f"resample_{how}"] = {"probe_drop_site": drop(f"resample_{how}")}
+        return out
+
+
+@dataclass(frozen=True)
 class SAECausal:
     name: ClassVar[str] = "sae_causal"
     posenc: str
-    site: str
-    sites: list[str]
-    probe_sites: list[int]
-    sae_quality: dict[str, float]
-    positional: PositionalLatents
+    sites: list[str]  # residual site labels (SSDC arrays are over these)
     baseline: dict[str, Any]
-    conditions: list[ConditionResult]
-    probes: dict[str, np.ndarray]  # condition -> [len(probe_sites), 3]
+    results: list[SiteResult]  # one per SAE site
     n_images: int
     probe_images: int
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "posenc": self.posenc,
-            "site": self.site,
             "sites": self.sites,
-            "probe_sites": self.probe_sites,
-            "sae_quality": self.sae_quality,
-            "positional_latents": self.positional.to_dict(),
             "baseline": self.baseline,
-            "conditions": self.conditions,
-            "probes": self.probes,
+            "sae_sites": {r.site: r.to_dict() for r in self.results},
+            "verdict": self.verdict(),
             "n_images": self.n_images,
             "probe_images": self.probe_images,
         }
 
     def tables(self) -> dict[str, list[dict[str, Any]]]:
         rows = []
-        for c in self.conditions:
-            row = c.row(self.sites, self.probe_sites[0])
-            for i, s in enumerate(self.probe_sites):
-                row |= {
-                    f"probe_{t}@{self.sites[s]}": float(self.probes[c.name][i, j])
-                    for j, t in enumerate(TARGETS)
-                }
-            rows.append(row)
+        for r in self.results:
+            where = (self.sites[r.site_index], self.sites[-1])
+            for c in r.conditions:
+                row = {"sae_site": r.site} | c.row(self.sites, r.site_index)
+                for i, s in enumerate(where):
+                    row |= {
+                        f"probe_{t}@{'site' if i == 0 else s}": float(r.probes[c.name][i, j])
+                        for j, t in enumerate(TARGETS)
+                    }
+                rows.append(row)
         return {"conditions": rows}
 
-    def dose_curve(self, family: str) -> tuple[list[int], list[ConditionResult]]:
-        cs = [c for c in self.conditions if c.meta.get("family") == family]
-        return [c.meta["n"] for c in cs], cs
+    def verdict(self) -> dict[str, Any]:
+        """Per SAE site: which kinds of positional latents were found, and whether zeroing them
+        (+error, so nothing else moves) takes the site's exact probe at least half-way to chance
+        while matched random latents take it less than half as far (`probe_causal`), and whether
+        that costs margin beyond 2 paired SE and beyond the matched control (`task_causal`)."""
+        out: dict[str, Any] = {}
+        for r in self.results:
+            v = r.verdict_numbers()
+            z, m = v.get("zero_all+error"), v.get("matched_all")
+            kinds = v["kinds"]
+            found = [k for k in ("row", "col", "cell") if kinds.get(k, 0)]
+            entry: dict[str, Any] = {"kinds_found": found, "n_positional": v["n_positional"]}
+            if z is None or m is None:
+                entry |= {"probe_causal": False, "task_causal": False}
+            else:
+                entry["probe_causal"] = bool(
+                    z["probe_drop_site"] >= 0.5 and m["probe_drop_site"] < z["probe_drop_site"] / 2
+                )
+                entry["task_causal"] = bool(
+                    z["d_margin"] < -2 * z["d_margin_se"] and z["d_margin"] < 2 * m["d_margin"]
+                    if m["d_margin"] < 0
+                    else z["d_margin"] < -2 * z["d_margin_se"]
+                )
+            entry["reconstruction_confound"] = v["reconstruction"]
+            out[r.site] = entry
+        return out
 
     def plot(self) -> Figure:
-        fig = Figure(figsize=(12, 3.6), layout="constrained")
-        ax1, ax2, ax3 = fig.subplots(1, 3)
-        for family, style in (
+        n = len(self.results)
+        fig = Figure(figsize=(12, 3.4 * n), layout="constrained")
+        axes = np.atleast_2d(fig.subplots(n, 3))
+        styles = (
             ("positional", "o-"),
             ("positional+error", "o--"),
             ("uniform", "x:"),
             ("matched", "s:"),
-        ):
-            ns, cs = self.dose_curve(family)
-            if not cs:
-                continue
-            ax1.plot(ns, [100 * self.probes[c.name][0, 0] for c in cs], style, label=family)
-            ax2.plot(ns, [100 * c.accuracy for c in cs], style, label=family)
-            ax3.plot(ns, [c.ssdc_rpi[-1] for c in cs], style, label=family)
-        ax1.axhline(100 * self.positional_baseline_probe(), color="black", lw=1, label="intact")
-        ax1.set(
-            title=f"exact probe at {self.site}", xlabel="latents zeroed", ylabel="%", xscale="log"
         )
-        ax2.axhline(100 * self.baseline["accuracy"], color="black", lw=1)
-        ax2.set(title="accuracy", xlabel="latents zeroed", ylabel="%", xscale="log", ylim=(0, 101))
-        ax3.axhline(self.baseline["ssdc_rpi"][-1], color="black", lw=1)
-        ax3.set(title="RPI-SSDC at out", xlabel="latents zeroed", xscale="log")
-        for ax in (ax1, ax2, ax3):
-            ax.grid(alpha=0.3)
-        ax1.legend(fontsize=7)
+        for r, (ax1, ax2, ax3) in zip(self.results, axes, strict=True):
+            for family, style in styles:
+                ns, probe, cs = r.dose_curve(family)
+                if not cs:
+                    continue
+                ax1.plot(ns, [100 * p for p in probe], style, label=family)
+                ax2.plot(ns, [100 * c.accuracy for c in cs], style, label=family)
+                ax3.plot(ns, [c.ssdc_rpi[-1] for c in cs], style, label=family)
+            ax1.axhline(100 * r.probes["intact"][0, 0], color="black", lw=1, label="intact")
+            ax1.axhline(100 * r.probes["chance"][0, 0], color="grey", lw=1, ls=":", label="chance")
+            recon = r.family("reconstruction")[0]
+            ax1.axhline(100 * r.probes[recon.name][0, 0], color="tab:red", lw=1, ls="-.",
+                        label="reconstruction only")  # fmt: skip
+            ax1.set(title=f"exact probe at {r.site}", xlabel="latents zeroed", ylabel="%")
+            ax2.axhline(100 * self.baseline["accuracy"], color="black", lw=1)
+            ax2.set(title="accuracy", xlabel="latents zeroed", ylabel="%", ylim=(0, 101))
+            ax3.axhline(self.baseline["ssdc_rpi"][-1], color="black", lw=1)
+            ax3.set(title="RPI-SSDC at out", xlabel="latents zeroed")
+            for ax in (ax1, ax2, ax3):
+                ax.grid(alpha=0.3)
+                if any(r.dose_curve("positional")[0]):
+                    ax.set_xscale("log")
+            ax1.legend(fontsize=7)
         return fig
 
-    def positional_baseline_probe(self) -> float:
-        return float(self.baseline["probes"][0, 0])
 
-
-def run(
+def run_site(
     model: ViT,
     data: Task,
-    cfg: Config | None = None,
+    cfg: Config,
+    site: str,
+    base: Readout,
+    floor: Readout,
+    x: torch.Tensor,
+    y: torch.Tensor,
     progress: bool = False,
     sae: TopKSAE | None = None,
-) -> SAECausal:
-    """Train (or take) an SAE at cfg.site, find its positional latents and test them causally."""
-    cfg = cfg or Config()
-    if cfg.site not in model.hook_names():
-        raise ConfigError(f"analysis.site {cfg.site!r} is not a hook of this model")
-    x, y = eval_images(data, cfg)
-    site = site_index(model, cfg.site)
-    probe_sites = sorted({site, model.cfg.depth})
-    cfg_probe = replace(cfg, probe_block=site)
+) -> SiteResult:
+    """Train (or take) an SAE at `site`, find its positional latents and run every condition."""
+    idx = site_index(model, site)
+    probe_sites = [idx, model.cfg.depth]
     if sae is None:
-        store = ActivationStore.from_model(model, training_images(data, cfg.train_images), cfg.site)
-        sae, _ = train_sae(store, cfg.sae_config(), device=model.head.weight.device)
+        store = ActivationStore.from_model(model, training_images(data, cfg.train_images), site)
+        sae, _ = train_sae(store, cfg.sae_config(site), device=model.head.weight.device)
     xv = data.split("val")[0][: cfg.probe_images]
-    quality = evaluate(sae, ActivationStore.from_model(model, xv, cfg.site))
+    quality = evaluate(sae, ActivationStore.from_model(model, xv, site))
     codes = patch_codes(model, sae, xv)
     gh, gw = model.grid_of(xv[:1])
     pl = find_positional_latents(codes, gh, gw)
@@ -262,13 +369,7 @@ def run(
     ]
     for n in doses:
         top = lat[:n]
-        conds.append(
-            (
-                f"zero_{n}",
-                spliced(sae, zero(top)),
-                {"family": "positional", "n": n},
-            )
-        )
+        conds.append((f"zero_{n}", spliced(sae, zero(top)), {"family": "positional", "n": n}))
         conds.append(
             (
                 f"zero_{n}+error",
@@ -278,66 +379,62 @@ def run(
         )
         for d in range(cfg.draws):
             uni = rng.choice(non_pos, size=min(n, len(non_pos)), replace=False)
+            meta = {"n": n, "draw": d}
             conds.append(
-                (
-                    f"uniform_{n}/{d}",
-                    spliced(sae, zero(uni)),
-                    {"family": "uniform", "n": n, "draw": d},
-                )
+                (f"uniform_{n}/{d}", spliced(sae, zero(uni)), {"family": "uniform"} | meta)
             )
             mat = matched_random(codes, lat, n, seed=cfg.seed * 100 + d)
             conds.append(
-                (
-                    f"matched_{n}/{d}",
-                    spliced(sae, zero(mat)),
-                    {"family": "matched", "n": n, "draw": d},
-                )
+                (f"matched_{n}/{d}", spliced(sae, zero(mat)), {"family": "matched"} | meta)
             )
     if len(lat):
-        conds.append(
-            (
-                "mean_all",
-                spliced(sae, set_to(lat, mean_F)),
-                {"family": "mean", "n": len(lat)},
-            )
-        )
+        meta = {"n": len(lat)}
+        conds.append(("mean_all", spliced(sae, set_to(lat, mean_F)), {"family": "mean"} | meta))
         for how in ("other_image", "other_position"):
+            edit = resample(lat, how, cfg.seed)
             conds.append(
-                (
-                    f"resample_{how}",
-                    spliced(sae, resample(lat, how, cfg.seed)),
-                    {"family": f"resample_{how}", "n": len(lat)},
-                )
+                (f"resample_{how}", spliced(sae, edit), {"family": f"resample_{how}"} | meta)
             )
-    ref = None
+    cfg_site = replace(cfg, probe_block=idx)
     results, probes = [], {}
-    for step in track([None, *conds], "sae_causal", progress):
-        if step is None:
-            ref = reference(model, x, y, cfg_probe, extra_sites=probe_sites)
-            base = ref.base  # probed at the SAE's site and at the output
-            continue
-        assert ref is not None
-        name, cond, meta = step
-        r = measure(model, x, y, cfg_probe, cond, probe_sites=probe_sites)
-        results.append(summarise(name, r, ref.base, ref.floor, site, meta))
-        assert r.probes is not None
-        probes[name] = r.probes.test_acc
-    assert ref is not None and base.probes is not None
-    baseline = base.summary() | {"probes": base.probes.test_acc}
-    probes["intact"] = base.probes.test_acc
+    for name, cond, meta in track(conds, f"sae_causal {site}", progress):
+        r = measure(model, x, y, cfg_site, cond, probe_sites=probe_sites)
+        results.append(summarise(name, r, base, floor, idx, meta))
+        probes[name] = np.stack([r.probe_at(s) for s in probe_sites])
+    assert base.probes is not None
+    probes["intact"] = np.stack([base.probe_at(s) for s in probe_sites])
+    probes["chance"] = np.tile(np.array(base.probes.chance), (2, 1))
+    return SiteResult(site, idx, quality, pl, results, probes)
+
+
+def run(
+    model: ViT,
+    data: Task,
+    cfg: Config | None = None,
+    progress: bool = False,
+    saes: dict[str, TopKSAE] | None = None,
+) -> SAECausal:
+    """The causal test at every site in cfg.sites (SAEs trained here unless given by site)."""
+    cfg = cfg or Config()
+    for site in cfg.sites:
+        if site not in model.hook_names():
+            raise ConfigError(f"analysis.sites: {site!r} is not a hook of this model")
+    x, y = eval_images(data, cfg)
+    idx = sorted({site_index(model, s) for s in cfg.sites})
+    base = measure(model, x, y, cfg, probe_sites=sorted({*idx, model.cfg.depth}))
+    floor = measure(model, x, y, cfg, floor_condition(model), probe_sites=idx)
+    results = [
+        run_site(model, data, cfg, s, base, floor, x, y, progress, (saes or {}).get(s))
+        for s in cfg.sites
+    ]
     return SAECausal(
         posenc=model.cfg.posenc,
-        site=cfg.site,
         sites=site_labels(model),
-        probe_sites=probe_sites,
-        sae_quality=quality,
-        positional=pl,
-        baseline=baseline,
-        conditions=results,
-        probes=probes,
+        baseline=base.summary(),
+        results=results,
         n_images=len(x),
         probe_images=cfg.probe_images,
     )
 
 
-__all__ = ["Config", "SAECausal", "run"]
+__all__ = ["Config", "SAECausal", "SiteResult", "run", "run_site"]
