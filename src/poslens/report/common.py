@@ -1,0 +1,350 @@
+"""What the HTML and Markdown reports share: reading `results.json` generically and formatting.
+
+Nothing here knows experiment names or headline keys: sections, rows and columns come from the
+results themselves, so a new experiment or metric shows up in the report without code changes.
+Every function returns plain text; each renderer escapes it for its own format.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+NONE = "—"  # shown for null / absent values
+VERDICTS = ("supported", "not supported", "inconclusive")
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+MAX_LIST = 12  # longer lists are cut in cells, with the count shown
+
+
+def fmt_num(x: float | int) -> str:
+    """Three significant digits, no exponent between 1e-3 and 1e6, trailing zeros dropped."""
+    if isinstance(x, bool):
+        return "yes" if x else "no"
+    if isinstance(x, int):
+        return str(x)
+    if not math.isfinite(x):
+        return str(x)
+    if x == 0:
+        return "0"
+    mag = abs(x)
+    if mag < 1e-3 or mag >= 1e6:
+        return f"{x:.3g}"
+    decimals = max(0, 2 - math.floor(math.log10(mag)))
+    text = f"{round(x, decimals):.{decimals}f}"
+    if "." in text:
+        text = text.rstrip("0").rstrip(".")
+    return "0" if text in ("-0", "") else text
+
+
+def fmt_value(v: Any) -> str:
+    """Any JSON value as one short line of text (null as a dash, lists joined, dicts as JSON)."""
+    if v is None:
+        return NONE
+    if isinstance(v, bool | int | float):
+        return fmt_num(v)
+    if isinstance(v, str):
+        return v
+    if isinstance(v, list | tuple):
+        items = [fmt_value(i) for i in v[:MAX_LIST]]
+        if len(v) > MAX_LIST:
+            items.append(f"… ({len(v)} in all)")
+        return ", ".join(items)
+    return json.dumps(v, sort_keys=True)
+
+
+def fmt_duration(seconds: float | None) -> str:
+    """Wall time for people: '42 s', '18 min 20 s', '2 h 05 min'."""
+    if seconds is None or not math.isfinite(seconds):
+        return NONE
+    s = round(seconds)
+    if s < 60:
+        return f"{fmt_num(seconds)} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60:02d} s"
+    return f"{s // 3600} h {(s % 3600) // 60:02d} min"
+
+
+def slug(text: str) -> str:
+    """A string safe inside an HTML id or URL fragment (letters, digits, '-', '_')."""
+    return re.sub(r"[^A-Za-z0-9_-]+", "-", str(text)).strip("-") or "x"
+
+
+def verdict_class(verdict: str | None) -> str:
+    """CSS class suffix for a verdict; unknown verdicts get a neutral one."""
+    return slug(verdict) if verdict in VERDICTS else "other"
+
+
+def models(results: Mapping[str, Any]) -> list[str]:
+    """Model names: the config's order first, then any others found in the results."""
+    names = [str(m) for m in results.get("config", {}).get("models", []) or []]
+    names += [m for m in results.get("models", {}) or {} if m not in names]
+    return names
+
+
+def experiments(results: Mapping[str, Any]) -> list[str]:
+    """Experiment names: the config's order first, then any others found in runs or figures."""
+    names = [str(e) for e in results.get("config", {}).get("experiments", []) or []]
+
+    def add(name: Any) -> None:
+        if name is not None and str(name) not in names:
+            names.append(str(name))
+
+    for m in (results.get("models") or {}).values():
+        for name in m.get("aggregate") or {}:
+            add(name)
+        for run in m.get("runs") or []:
+            for name in run.get("experiments") or {}:
+                add(name)
+            for name in run.get("skipped") or {}:
+                add(name)
+    for fig in results.get("figures") or []:
+        add(fig.get("experiment"))
+    return names
+
+
+def verdict_counts(results: Mapping[str, Any]) -> dict[str, int]:
+    """How many claims got each verdict (the three known ones always present)."""
+    counts = dict.fromkeys(VERDICTS, 0)
+    for c in results.get("claims") or []:
+        v = str(c.get("verdict"))
+        counts[v] = counts.get(v, 0) + 1
+    return counts
+
+
+def summary(results: Mapping[str, Any]) -> str:
+    """The one-paragraph summary under the title: what ran, how long, and the verdict tally."""
+    cfg = results.get("config") or {}
+    names = models(results)
+    seeds = cfg.get("seeds")
+    wall = (results.get("timings") or {}).get("total_seconds")
+    parts = [
+        f"This study trained and analysed {len(names)} model{'s' if len(names) != 1 else ''}"
+        f" ({', '.join(names) or NONE}) with {fmt_value(seeds)} seed"
+        f"{'s' if seeds != 1 else ''} each, preset {fmt_value(cfg.get('preset'))}"
+        f", task {fmt_value(cfg.get('task'))}, in {fmt_duration(wall)} of wall time."
+    ]
+    claims = results.get("claims") or []
+    if claims:
+        tally = ", ".join(f"{n} {v}" for v, n in verdict_counts(results).items())
+        parts.append(f"Of its {len(claims)} claims: {tally}.")
+    meta = [
+        f"poslens {results['poslens_version']}" if results.get("poslens_version") else "",
+        f"created {results['created']}" if results.get("created") else "",
+        f"schema {results['schema']}" if results.get("schema") else "",
+    ]
+    if any(meta):
+        parts.append("(" + "; ".join(m for m in meta if m) + ")")
+    return " ".join(parts)
+
+
+def flatten(d: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """(dotted key, value) pairs of a headline or aggregate; a {mean, ...} dict is one value."""
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, Mapping) and "mean" not in v:
+            yield from flatten(v, key + ".")
+        else:
+            yield key, v
+
+
+def chance_base(key: str) -> str | None:
+    """The key a chance row belongs to: 'acc' for 'acc_chance' or 'chance_acc', else None."""
+    head, _, last = key.rpartition(".")
+    prefix = f"{head}." if head else ""
+    if last.endswith("_chance") and len(last) > len("_chance"):
+        return prefix + last[: -len("_chance")]
+    if last.startswith("chance_") and len(last) > len("chance_"):
+        return prefix + last[len("chance_") :]
+    return None
+
+
+def order_keys(keys: list[str]) -> list[str]:
+    """First-seen order, but each chance row directly after the row it is the chance level of."""
+    present = set(keys)
+    attached: dict[str, list[str]] = {}
+    top: list[str] = []
+    for k in keys:
+        base = chance_base(k)
+        if base is not None and base in present:
+            attached.setdefault(base, []).append(k)
+        else:
+            top.append(k)
+    out: list[str] = []
+
+    def emit(k: str) -> None:
+        out.append(k)
+        for c in attached.get(k, []):
+            emit(c)
+
+    for k in top:
+        emit(k)
+    return out
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One headline-table cell: the main text ('mean ± SE (n seeds)') and the per-seed values."""
+
+    main: str
+    seeds: str = ""
+
+
+def stat_cell(v: Any) -> Cell:
+    """Format an aggregate entry {mean, se, n, values}; plain values are shown as they are."""
+    if not isinstance(v, Mapping):
+        return Cell(fmt_value(v))
+    mean, se, n = v.get("mean"), v.get("se"), v.get("n")
+    values = v.get("values") or []
+    main = fmt_value(mean)
+    if se is not None and mean is not None:
+        main += f" ± {fmt_value(se)}"
+    if n is not None:
+        main += f" ({fmt_value(n)} seed{'s' if n != 1 else ''})"
+    return Cell(main, fmt_value(values) if values else "")
+
+
+def headline_table(results: Mapping[str, Any], exp: str) -> tuple[list[str], list[str], dict]:
+    """Rows (headline keys), columns (models with any value) and cells[(key, model)] for one
+    experiment: the aggregate where there is one, else the runs' per-seed values (no mean)."""
+    cells: dict[tuple[str, str], Cell] = {}
+    keys: list[str] = []
+    cols: list[str] = []
+    for name in models(results):
+        m = (results.get("models") or {}).get(name) or {}
+        agg = (m.get("aggregate") or {}).get(exp) or {}
+        found: dict[str, Cell] = {k: stat_cell(v) for k, v in flatten(agg)}
+        per_seed: dict[str, list[str]] = {}
+        for run in m.get("runs") or []:
+            head = ((run.get("experiments") or {}).get(exp) or {}).get("headline") or {}
+            for k, v in flatten(head):
+                per_seed.setdefault(k, []).append(f"seed {run.get('seed')}: {fmt_value(v)}")
+        for k, vals in per_seed.items():
+            if k not in found:
+                found[k] = Cell(
+                    f"no aggregate ({len(vals)} run{'s' if len(vals) != 1 else ''})",
+                    "; ".join(vals),
+                )
+        if found:
+            cols.append(name)
+        for k, c in found.items():
+            if k not in keys:
+                keys.append(k)
+            cells[(k, name)] = c
+    return order_keys(keys), cols, cells
+
+
+def figures(results: Mapping[str, Any], exp: str | None) -> list[dict[str, Any]]:
+    """An experiment's figures (exp None: those with no experiment): across-seed ones first."""
+    figs = [f for f in results.get("figures") or [] if f.get("experiment") == exp]
+    order = {m: i for i, m in enumerate(models(results))}
+    return sorted(figs, key=lambda f: (f.get("model") is not None, order.get(f.get("model"), 0)))
+
+
+def skipped(results: Mapping[str, Any], exp: str) -> list[tuple[str, str]]:
+    """(model, 'reason') for an experiment skipped on a model; seeds named when reasons differ."""
+    out: list[tuple[str, str]] = []
+    for name in models(results):
+        runs = ((results.get("models") or {}).get(name) or {}).get("runs") or []
+        reasons = [
+            (run.get("seed"), str((run.get("skipped") or {})[exp]))
+            for run in runs
+            if exp in (run.get("skipped") or {})
+        ]
+        if not reasons:
+            continue
+        distinct = {r for _, r in reasons}
+        if len(distinct) == 1 and len(reasons) == len(runs):
+            out.append((name, f"{reasons[0][1]} (all seeds)"))
+        else:
+            out.extend((name, f"seed {s}: {r}") for s, r in reasons)
+    return out
+
+
+def data_files(results: Mapping[str, Any], exp: str) -> list[tuple[str, str]]:
+    """(label, relative path) of an experiment's table files (CSV, JSON) per model and seed."""
+    out: list[tuple[str, str]] = []
+    for name in models(results):
+        for run in ((results.get("models") or {}).get(name) or {}).get("runs") or []:
+            files = ((run.get("experiments") or {}).get(exp) or {}).get("files") or []
+            for f in files:
+                if str(f).lower().endswith((".csv", ".json")):
+                    label = f"{name} seed {run.get('seed')}: {Path(str(f)).name}"
+                    out.append((label, str(f)))
+    return out
+
+
+TRAIN_COLUMNS = (
+    "Model",
+    "Seed",
+    "Test acc",
+    "Val acc",
+    "Steps",
+    "Steps to 90%",
+    "Train time",
+    "Checkpoint",
+)
+
+
+def training_rows(results: Mapping[str, Any]) -> list[list[str]]:
+    """One row per model and seed: accuracies, steps, time and checkpoint (see TRAIN_COLUMNS)."""
+    rows = []
+    for name in models(results):
+        for run in ((results.get("models") or {}).get(name) or {}).get("runs") or []:
+            t = run.get("train") or {}
+            secs = t.get("train_seconds")
+            rows.append(
+                [
+                    name,
+                    fmt_value(run.get("seed")),
+                    fmt_value(t.get("test_acc")),
+                    fmt_value(t.get("val_acc")),
+                    fmt_value(t.get("steps")),
+                    fmt_value(t.get("steps_to_90")),
+                    NONE if secs is None else f"{fmt_num(secs)} s",
+                    fmt_value(run.get("checkpoint")),
+                ]
+            )
+    return rows
+
+
+TIMING_COLUMNS = ("Stage", "Model", "Seed", "Seconds", "Reused")
+
+
+def timing_rows(results: Mapping[str, Any]) -> list[list[str]]:
+    """One row per recorded stage (see TIMING_COLUMNS)."""
+    return [
+        [
+            fmt_value(s.get("stage")),
+            fmt_value(s.get("model")),
+            fmt_value(s.get("seed")),
+            fmt_value(s.get("seconds")),
+            fmt_value(s.get("reused")) if "reused" in s else NONE,
+        ]
+        for s in (results.get("timings") or {}).get("stages") or []
+    ]
+
+
+def kv_rows(d: Mapping[str, Any] | None) -> list[tuple[str, str]]:
+    """(key, value text) for a flat settings table such as the config or the environment."""
+    return [(str(k), fmt_value(v)) for k, v in (d or {}).items()]
+
+
+def read_png(out_dir: Path, rel: str | None) -> tuple[bytes | None, str]:
+    """A figure's PNG bytes, or None and why not (no path, outside out_dir, missing, not a PNG)."""
+    if not rel:
+        return None, "no PNG path given"
+    root = out_dir.resolve()
+    path = (root / rel).resolve()
+    if not path.is_relative_to(root):
+        return None, "path is outside the output folder"
+    if not path.is_file():
+        return None, "file not found"
+    data = path.read_bytes()
+    if not data.startswith(PNG_MAGIC):
+        return None, "not a PNG file"
+    return data, ""
