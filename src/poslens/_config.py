@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import typing
 from typing import Any
 
 from poslens.errors import ConfigError
@@ -53,30 +54,36 @@ def one_of(name: str, value: Any, choices: tuple[str, ...]) -> None:
         raise ConfigError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
 
 
-def parse_value(name: str, text: str, default: Any) -> Any:
-    """Parse a command-line value (`--set exp.field=text`) to the type of the field's default."""
+def parse_value(name: str, text: str, kind: Any) -> Any:
+    """Parse a command-line value (`--set exp.field=text`) to a field's type (`tuple[int, ...]`
+    and friends included)."""
+    args = typing.get_args(kind)
+    if typing.get_origin(kind) is tuple:
+        return tuple(parse_value(name, t.strip(), args[0]) for t in text.split(",") if t.strip())
+    if args and type(None) in args:  # X | None
+        if text.lower() in ("none", "null", ""):
+            return None
+        kind = next(a for a in args if a is not type(None))
     try:
-        if isinstance(default, bool):
+        if kind is bool:
             if text.lower() not in ("true", "false", "1", "0", "yes", "no"):
                 raise ValueError
             return text.lower() in ("true", "1", "yes")
-        if isinstance(default, tuple):
-            kind = type(default[0]) if default else str
-            return tuple(parse_value(name, t.strip(), kind()) for t in text.split(",") if t.strip())
-        if isinstance(default, (int, float)):
-            return type(default)(text)
+        if kind in (int, float):
+            return kind(text)
         return text
     except ValueError:
-        kind = "true/false" if isinstance(default, bool) else type(default).__name__
-        raise ConfigError(f"{name} must be {kind}, got {text!r}") from None
+        what = "true/false" if kind is bool else getattr(kind, "__name__", str(kind))
+        raise ConfigError(f"{name} must be {what}, got {text!r}") from None
 
 
 def override(cls: Any, section: str, items: dict[str, str]) -> dict[str, Any]:
     """Field values for `cls` from `field -> text` pairs, naming unknown fields and bad values."""
-    fields = cls.__dataclass_fields__
+    hints = typing.get_type_hints(cls)
     out = {}
     for key, text in items.items():
-        if key not in fields:
-            raise ConfigError(f"unknown field {section}.{key} (known: {', '.join(fields)})")
-        out[key] = parse_value(f"{section}.{key}", text, getattr(cls, key))
+        if key not in cls.__dataclass_fields__:
+            known = ", ".join(cls.__dataclass_fields__)
+            raise ConfigError(f"unknown field {section}.{key} (known: {known})")
+        out[key] = parse_value(f"{section}.{key}", text, hints[key])
     return out

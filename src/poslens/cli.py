@@ -174,6 +174,28 @@ def cmd_sae_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_study(args: argparse.Namespace) -> int:
+    from poslens.study import preset, run_study
+
+    changes: dict[str, object] = {}
+    if args.models:
+        changes["models"] = tuple(m.strip() for m in args.models.split(",") if m.strip())
+    if args.seeds is not None:
+        changes["seeds"] = args.seeds
+    if args.data:
+        changes["task"] = args.data
+    cfg = preset(args.preset, **changes)
+    results = run_study(
+        cfg, args.out, progress=not args.no_progress, device=args.device, threads=args.threads
+    )
+    print(f"{'claim':<58} verdict")
+    for c in results["claims"]:
+        print(f"{c['title'][:57]:<58} {c['verdict']}")
+    total = results["timings"]["total_seconds"]
+    print(f"results in {args.out} (report.html, report.md, results.json) after {total:.0f}s")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from poslens.models.config import POSENCS
 
@@ -245,6 +267,23 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
     st.add_argument("--no-progress", action="store_true", help="no progress bar")
     st.set_defaults(fn=cmd_sae_train)
+
+    sy = sub.add_parser(
+        "study",
+        help="train, analyse and report: the whole study in one command",
+        description="Train each model and seed (reusing finished checkpoints), run every "
+        "experiment, aggregate seeds, and write results.json, CSV, figures, report.html and "
+        "report.md. Rerun the same command to continue an interrupted study.",
+    )
+    sy.add_argument("--preset", choices=("quick", "default", "paper"), default="default")
+    sy.add_argument("--models", help="comma-separated encodings (default: the preset's)")
+    sy.add_argument("--seeds", type=int, help="seeds per model (default: the preset's)")
+    sy.add_argument("--data", help="task: relation, animals (default relation)")
+    sy.add_argument("--out", required=True, help="output folder (reused to continue)")
+    sy.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
+    sy.add_argument("--threads", type=int, default=0, help="torch threads (0: all cores)")
+    sy.add_argument("--no-progress", action="store_true", help="no progress display")
+    sy.set_defaults(fn=cmd_study)
 
     i = sub.add_parser("info", help="describe a checkpoint")
     i.add_argument("checkpoint")

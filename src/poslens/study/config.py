@@ -1,0 +1,129 @@
+"""StudyConfig and the three presets: what `poslens study` trains, runs and how large."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from poslens._config import one_of, positive_int
+from poslens.errors import ConfigError
+from poslens.experiments import EXPERIMENTS
+from poslens.models.config import POSENCS
+
+PRESETS = ("quick", "default", "paper")
+
+# Experiments whose claims the report states; the rest run in the paper preset.
+CORE = ("depth_profile", "position_removal", "axis_map", "windows", "heads", "sae_causal")
+
+
+@dataclass(frozen=True)
+class StudyConfig:
+    """Everything that decides a study's results (the output folder and progress do not).
+
+    train_set / analysis_set are `section.field=value` / `experiment.field=value` overrides, the
+    same syntax as `poslens train --set` and `poslens analyze --set`, applied to every model.
+    """
+
+    preset: str = "default"
+    models: tuple[str, ...] = ("ape", "rope_axial")
+    seeds: int = 2
+    task: str = "relation"
+    experiments: tuple[str, ...] = CORE
+    train_set: tuple[str, ...] = ()
+    analysis_set: tuple[str, ...] = ()
+    n_images: int = 300
+    probe_images: int = 150
+    batch_size: int = 250
+
+    def __post_init__(self) -> None:
+        one_of("study.preset", self.preset, PRESETS)
+        if not self.models:
+            raise ConfigError("study.models must name at least one encoding")
+        for m in self.models:
+            one_of("study.models", m, POSENCS)
+        if len(set(self.models)) != len(self.models):
+            raise ConfigError(f"study.models lists an encoding twice: {', '.join(self.models)}")
+        positive_int("study.seeds", self.seeds)
+        for e in self.experiments:
+            one_of("study.experiments", e, EXPERIMENTS)
+        for name in ("n_images", "probe_images", "batch_size"):
+            positive_int(f"study.{name}", getattr(self, name))
+        if self.probe_images > self.n_images:
+            raise ConfigError(
+                f"study.probe_images ({self.probe_images}) exceeds study.n_images ({self.n_images})"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
+    def analysis_overrides(self, experiment: str) -> dict[str, str]:
+        """`field -> text` overrides for one experiment, from analysis_set."""
+        out: dict[str, str] = {}
+        for item in self.analysis_set:
+            key, _, value = item.partition("=")
+            exp, _, fld = key.partition(".")
+            if exp == experiment:
+                out[fld] = value
+        return out
+
+
+def config_hash(d: dict[str, Any]) -> str:
+    """Short stable hash of a JSON-able config (the key for reusing a trained checkpoint)."""
+    text = json.dumps(d, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+# The default preset's model: the README's default architecture at half width, so that two
+# encodings x two seeds train in about ten minutes on two cores (see README, "The study").
+_SMALL = ("model.dim=64",)
+
+
+def preset(name: str, **changes: Any) -> StudyConfig:
+    """A named preset with optional field changes (e.g. models=..., seeds=...)."""
+    one_of("study.preset", name, PRESETS)
+    if name == "quick":  # CI smoke: tiny everything, verdicts inconclusive by design
+        cfg = StudyConfig(
+            preset="quick",
+            seeds=1,
+            train_set=(
+                "model.dim=32", "model.depth=3", "model.heads=2", "train.steps=150",
+                "train.eval_every=50", "train.eval_images=200", "data.n_val=300",
+                "data.n_test=300",
+            ),
+            analysis_set=(
+                "windows.axis_windows=false", "windows.prefix_ks=0,1", "windows.probe_curves=false",
+                "position_removal.n_planes=4", "position_removal.draws=2",
+                "heads.draws=2", "sae_causal.sites=blocks.0.hook_resid_pre",
+                "sae_causal.train_images=200", "sae_causal.epochs=2", "sae_causal.doses=4",
+                "sae_causal.draws=2",
+            ),
+            n_images=100,
+            probe_images=80,
+        )  # fmt: skip
+    elif name == "default":
+        cfg = StudyConfig(
+            preset="default",
+            train_set=(*_SMALL, "train.steps=1200", "train.eval_every=200"),
+            analysis_set=(
+                "windows.prefix_ks=0,1,2,3", "windows.probe_curves=false",
+                "position_removal.draws=3", "sae_causal.train_images=600", "sae_causal.epochs=4",
+                "sae_causal.doses=4,8,16", "sae_causal.draws=2",
+            ),
+            n_images=300,
+            probe_images=150,
+        )  # fmt: skip
+    else:  # the original protocol's sizes, for a GPU
+        cfg = StudyConfig(
+            preset="paper",
+            models=("ape", "sincos", "rope_axial", "rope_mixed", "none"),
+            seeds=3,
+            experiments=EXPERIMENTS,
+            n_images=1000,
+            probe_images=500,
+        )
+    return replace(cfg, **changes)
+
+
+__all__ = ["CORE", "PRESETS", "StudyConfig", "config_hash", "preset"]

@@ -1,0 +1,151 @@
+"""Study-level figures: headline numbers across models, mean and SE over seeds (PNG + SVG)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from poslens.io import atomic_write
+from poslens.study.config import StudyConfig
+
+Agg = dict[str, dict[str, Any]]  # headline key -> {"mean", "se", "n", "values"}
+
+
+def _get(agg: Agg, key: str, scale: float = 1.0) -> tuple[float, float]:
+    e = agg.get(key)
+    if not e or e["mean"] is None:
+        return float("nan"), 0.0
+    return scale * e["mean"], scale * (e["se"] or 0.0)
+
+
+def depth_profile(models: dict[str, Agg]) -> Figure | None:
+    fig = Figure(figsize=(6.5, 3.6), layout="constrained")
+    ax = fig.subplots()
+    for m, agg in models.items():
+        sites = [k.split("@")[1] for k in agg if k.startswith("ssdc_rpi@")]
+        mean = np.array([_get(agg, f"ssdc_rpi@{s}")[0] for s in sites])
+        se = np.array([_get(agg, f"ssdc_rpi@{s}")[1] for s in sites])
+        line = ax.plot(sites, mean, "o-", label=m)[0]
+        ax.fill_between(sites, mean - se, mean + se, color=line.get_color(), alpha=0.2)
+        ctrl = _get(agg, "control_ssdc_rpi_out")[0]
+        ax.axhline(ctrl, color=line.get_color(), ls=":", lw=1)
+    ax.set(xlabel="residual site (input of block; out = final norm)", ylabel="RPI-SSDC",
+           title="Positional structure by depth (dotted: random-init control at out)")  # fmt: skip
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return fig
+
+
+def position_removal(models: dict[str, Agg]) -> Figure | None:
+    conds = ["intact", "axis_row", "axis_col", "random", "floor"]
+    fig = Figure(figsize=(7, 3.6), layout="constrained")
+    ax = fig.subplots()
+    width = 0.8 / max(1, len(models))
+    for i, (m, agg) in enumerate(models.items()):
+        rnd = next((k.split(".")[0] for k in agg if k.startswith("random_") and k.endswith(".accuracy")
+                    and "/" not in k), None)  # fmt: skip
+        keys = [f"{c}.accuracy" if c != "random" else f"{rnd}.accuracy" for c in conds]
+        vals = [_get(agg, k, 100) for k in keys]
+        x = np.arange(len(conds)) + i * width
+        ax.bar(x, [v[0] for v in vals], width, yerr=[v[1] for v in vals], label=m, capsize=2)
+    ax.set_xticks(np.arange(len(conds)) + width * (len(models) - 1) / 2)
+    ax.set_xticklabels(["intact", "no row planes", "no col planes", "random planes\n(largest n)",
+                        "all position\nremoved"])  # fmt: skip
+    ax.set(ylabel="accuracy (%)", ylim=(0, 105), title="Accuracy when position is removed")
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=8)
+    return fig
+
+
+def windows(models: dict[str, Agg]) -> Figure | None:
+    fig = Figure(figsize=(10, 3.6), layout="constrained")
+    ax1, ax2 = fig.subplots(1, 2)
+    for m, agg in models.items():
+        ks = sorted(int(k.split("_")[1].split(".")[0]) for k in agg
+                    if k.startswith("prefix_") and k.endswith(".retention_ssdc_out"))  # fmt: skip
+        for ax, key, scale in ((ax1, "retention_ssdc_out", 1), (ax2, "accuracy", 100)):
+            v = [_get(agg, f"prefix_{k}.{key}", scale) for k in ks]
+            ax.errorbar(ks, [a for a, _ in v], yerr=[s for _, s in v], fmt="o-", capsize=2, label=m)
+    ax1.set(xlabel="rotations withheld in blocks 0..k", ylabel="retention",
+            title="RPI-SSDC at the output (0 = floor, 1 = intact)")  # fmt: skip
+    ax2.set(xlabel="rotations withheld in blocks 0..k", ylabel="accuracy (%)", ylim=(0, 105),
+            title="Accuracy after a prefix window")  # fmt: skip
+    for ax in (ax1, ax2):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    return fig
+
+
+def sae_causal(models: dict[str, Agg]) -> Figure | None:
+    rows = []  # (label, positional, matched)
+    for m, agg in models.items():
+        for k in agg:
+            if k.endswith(".zero_all+error.probe_drop_site"):
+                site = k[: -len(".zero_all+error.probe_drop_site")]
+                rows.append((f"{m}\n{site}", _get(agg, k, 100),
+                             _get(agg, f"{site}.matched_all.probe_drop_site", 100)))  # fmt: skip
+    if not rows:
+        return None
+    fig = Figure(figsize=(max(5, 2.2 * len(rows)), 3.8), layout="constrained")
+    ax = fig.subplots()
+    x = np.arange(len(rows))
+    ax.bar(x - 0.2, [r[1][0] for r in rows], 0.4, yerr=[r[1][1] for r in rows], capsize=2,
+           label="positional latents zeroed (+error)")  # fmt: skip
+    ax.bar(x + 0.2, [r[2][0] for r in rows], 0.4, yerr=[r[2][1] for r in rows], capsize=2,
+           label="matched random latents")  # fmt: skip
+    ax.set_xticks(x)
+    ax.set_xticklabels([r[0] for r in rows], fontsize=7)
+    ax.set(ylabel="% of the way to chance", title="Exact probe at the SAE site after zeroing")
+    ax.axhline(100, color="grey", ls=":", lw=1)
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=8)
+    return fig
+
+
+FIGURES: dict[str, tuple[str, Callable[[dict[str, Agg]], Figure | None]]] = {
+    "depth_profile": ("RPI-SSDC by depth, mean and SE over seeds", depth_profile),
+    "position_removal": (
+        "Accuracy under position removal, mean and SE over seeds",
+        position_removal,
+    ),
+    "windows": ("Rebuilding after prefix windows, mean and SE over seeds", windows),
+    "sae_causal": ("SAE positional latents vs matched random latents", sae_causal),
+}
+
+
+def _save(fig: Figure, path: Path) -> None:
+    for fmt in ("png", "svg"):
+        atomic_write(path.with_suffix(f".{fmt}"),
+                     lambda p, fmt=fmt: fig.savefig(p, format=fmt, dpi=120))  # fmt: skip
+
+
+def study_figures(out: Path, models: dict[str, Any], cfg: StudyConfig) -> list[dict[str, Any]]:
+    """Write the study-level figures and list them with every run's own figure (seed 0 first)."""
+    entries: list[dict[str, Any]] = []
+    for name in cfg.experiments:
+        aggs = {m: e["aggregate"][name] for m, e in models.items() if name in e["aggregate"]}
+        if name in FIGURES and aggs:
+            title, make = FIGURES[name]
+            fig = make(aggs)
+            if fig is not None:
+                path = out / "figures" / f"{name}.png"
+                _save(fig, path)
+                entries.append({"title": title, "png": f"figures/{name}.png",
+                                "svg": f"figures/{name}.svg", "experiment": name, "model": None})  # fmt: skip
+        for m, e in models.items():
+            for run in e["runs"][:1]:  # seed 0's own figure; the other seeds' are in runs/
+                files = run["experiments"].get(name, {}).get("files", [])
+                png = next((f for f in files if f.endswith(f"{name}.png")), None)
+                if png:
+                    entries.append({
+                        "title": f"{name}: {m}, seed {run['seed']}", "png": png,
+                        "svg": png[:-4] + ".svg", "experiment": name, "model": m,
+                    })  # fmt: skip
+    return entries
+
+
+__all__ = ["FIGURES", "study_figures"]

@@ -1,0 +1,249 @@
+"""The study end to end on tiny models: layout, schema, resume, determinism, claims, errors."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from poslens.cli import main
+from poslens.errors import ConfigError
+from poslens.study import StudyConfig, preset, run_study
+from poslens.study.aggregate import aggregate, mean_se
+from poslens.study.claims import INCONCLUSIVE, NOT_SUPPORTED, SUPPORTED, ape_features, rope_split
+
+TINY_STUDY = StudyConfig(
+    preset="quick",
+    models=("ape", "rope_axial"),
+    seeds=2,
+    experiments=("depth_profile", "position_removal", "axis_map", "windows", "sae_causal"),
+    train_set=(
+        "model.dim=16", "model.depth=2", "model.heads=2", "train.steps=6", "train.batch_size=16",
+        "train.eval_every=3", "train.eval_images=20", "train.ckpt_every=3", "data.n_val=80",
+        "data.n_test=40", "data.image_size=16", "data.object_scale=0.3",
+    ),
+    analysis_set=(
+        "windows.axis_windows=false", "windows.probe_curves=false", "position_removal.n_planes=1",
+        "position_removal.draws=2", "sae_causal.sites=blocks.0.hook_resid_pre",
+        "sae_causal.train_images=40", "sae_causal.epochs=1", "sae_causal.k=4",
+        "sae_causal.doses=2", "sae_causal.draws=1",
+    ),
+    n_images=30,
+    probe_images=30,
+    batch_size=30,
+)  # fmt: skip
+
+
+def _schema() -> dict[str, Any]:
+    return json.loads(resources.files("poslens.study").joinpath("schema.json").read_text())
+
+
+def _strip(results: dict[str, Any]) -> dict[str, Any]:
+    """results.json without what may change between identical runs (times)."""
+    return {k: v for k, v in results.items() if k not in ("created", "timings")}
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    out = tmp_path_factory.mktemp("study")
+    return out, run_study(TINY_STUDY, out, progress=False)
+
+
+def test_layout_and_schema(study: tuple[Path, dict[str, Any]]) -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    out, res = study
+    on_disk = json.loads((out / "results.json").read_text())
+    assert on_disk == res
+    jsonschema.validate(on_disk, _schema())
+    assert "NaN" not in (out / "results.json").read_text()
+    for m in ("ape", "rope_axial"):
+        runs = res["models"][m]["runs"]
+        assert [r["seed"] for r in runs] == [0, 1]
+        for r in runs:
+            assert (out / r["checkpoint"] / "model.safetensors").is_file()
+            for exp in r["experiments"].values():
+                assert all((out / f).is_file() for f in exp["files"])
+                assert {Path(f).suffix for f in exp["files"]} >= {".json", ".png", ".svg"}
+    # axis_map needs rotary planes: skipped for APE with its reason, run for RoPE
+    assert "axis_map" in res["models"]["ape"]["runs"][0]["skipped"]
+    assert "axis_map" in res["models"]["rope_axial"]["runs"][0]["experiments"]
+    for fig in res["figures"]:
+        assert (out / fig["png"]).is_file() and (out / fig["svg"]).is_file()
+    assert {c["id"] for c in res["claims"]} == {
+        "ape_explicit_features", "rope_planes_split", "rope_rebuilds", "heads_rebuild",
+        "position_matters",
+    }  # fmt: skip
+    assert (out / "report.html").is_file() and (out / "report.md").is_file()
+
+
+def test_aggregate_matches_the_per_seed_headlines(study: tuple[Path, dict[str, Any]]) -> None:
+    _, res = study
+    rope = res["models"]["rope_axial"]
+    per_seed = [r["experiments"]["depth_profile"]["headline"]["accuracy"] for r in rope["runs"]]
+    agg = rope["aggregate"]["depth_profile"]["accuracy"]
+    assert agg["values"] == per_seed and agg["n"] == 2
+    assert agg["mean"] == pytest.approx(sum(per_seed) / 2)
+    assert agg["se"] == pytest.approx(abs(per_seed[0] - per_seed[1]) / 2)
+    # the two seeds are different models (different weights, so different numbers)
+    ssdc = [r["experiments"]["depth_profile"]["headline"]["ssdc_rpi@out"] for r in rope["runs"]]
+    assert ssdc[0] != ssdc[1]
+
+
+def test_rerun_reuses_everything_and_is_identical(study: tuple[Path, dict[str, Any]]) -> None:
+    out, res = study
+    again = run_study(TINY_STUDY, out, progress=False)
+    assert all(s["reused"] for s in again["timings"]["stages"])
+    assert _strip(again) == _strip(res)
+
+
+def test_interrupted_stage_is_redone_and_others_kept(
+    study: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    """A stage without its completion marker (killed mid-way) runs again; finished ones do not."""
+    import shutil
+
+    out, res = study
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    (copy / "runs" / "rope_axial" / "seed1" / "windows.stage.json").unlink()
+    (copy / "results.json").unlink()
+    again = run_study(TINY_STUDY, copy, progress=False)
+    redone = [
+        (s["stage"], s["model"], s["seed"]) for s in again["timings"]["stages"] if not s["reused"]
+    ]
+    assert redone == [("windows", "rope_axial", 1)]
+    assert _strip(again) == _strip(res)  # same seed, same config, same machine: same numbers
+
+
+def test_same_config_in_a_fresh_folder_gives_identical_results(
+    study: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    _, res = study
+    cfg = replace(TINY_STUDY, models=("rope_axial",), experiments=("depth_profile",), seeds=1)
+    a = run_study(cfg, tmp_path / "a", progress=False)
+    b = run_study(cfg, tmp_path / "b", progress=False)
+    assert _strip(a) == _strip(b)
+    assert not any(s["reused"] for s in b["timings"]["stages"])
+    # and it equals the big study's seed-0 numbers for the same model and config
+    assert (
+        a["models"]["rope_axial"]["runs"][0]["experiments"]["depth_profile"]
+        == res["models"]["rope_axial"]["runs"][0]["experiments"]["depth_profile"]
+    )
+
+
+def test_changed_training_config_trains_a_new_checkpoint(
+    study: tuple[Path, dict[str, Any]],
+) -> None:
+    out, _ = study
+    cfg = replace(TINY_STUDY, models=("ape",), seeds=1, experiments=("depth_profile",),
+                  train_set=(*TINY_STUDY.train_set, "train.lr=0.002"))  # fmt: skip
+    res = run_study(cfg, out / "sub", progress=False)
+    first = res["timings"]["stages"][0]
+    assert first["stage"] == "train" and not first["reused"]
+
+
+def test_config_errors_name_the_field() -> None:
+    with pytest.raises(ConfigError, match="study.models"):
+        StudyConfig(models=("ape", "rope9"))
+    with pytest.raises(ConfigError, match="study.models"):
+        StudyConfig(models=("ape", "ape"))
+    with pytest.raises(ConfigError, match="study.seeds"):
+        StudyConfig(seeds=0)
+    with pytest.raises(ConfigError, match="study.experiments"):
+        StudyConfig(experiments=("depth_profile", "nope"))
+    with pytest.raises(ConfigError, match="study.probe_images"):
+        StudyConfig(n_images=10, probe_images=20)
+    with pytest.raises(ConfigError, match="study.preset"):
+        preset("huge")
+    for name in ("quick", "default", "paper"):
+        assert preset(name).preset == name
+
+
+def test_cli_bad_input_is_one_line_and_writes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    for argv, message in (
+        (["--models", "ape,rope9"], "study.models"),
+        (["--seeds", "0"], "study.seeds"),
+        (["--data", "mnist"], "data.task"),
+    ):
+        assert main(["study", "--preset", "quick", "--out", str(out), *argv]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0] and "Traceback" not in err[0]
+    assert not out.exists()
+
+
+def test_mean_se_and_missing_values() -> None:
+    s = mean_se([1.0, 2.0, 4.0])
+    assert s["mean"] == pytest.approx(7 / 3)
+    assert s["se"] == pytest.approx(
+        math.sqrt(((1 - 7 / 3) ** 2 + (2 - 7 / 3) ** 2 + (4 - 7 / 3) ** 2) / 2 / 3)
+    )
+    one = mean_se([0.5, None])
+    assert one == {"mean": 0.5, "se": None, "n": 1, "values": [0.5, None]}
+    runs = [{"experiments": {"e": {"headline": {"a": 1.0}}}}, {"experiments": {}}]
+    assert aggregate(runs, ["e", "f"]) == {
+        "e": {"a": {"mean": 1.0, "se": None, "n": 1, "values": [1.0]}}
+    }
+
+
+def _models(agg: dict[str, dict[str, list[float]]], posenc: str, seeds: int) -> dict[str, Any]:
+    """A models entry whose aggregate holds the given per-seed values."""
+    return {
+        posenc: {
+            "posenc": posenc,
+            "runs": [{"seed": s, "experiments": {e: {} for e in agg}} for s in range(seeds)],
+            "aggregate": {e: {k: mean_se(v) for k, v in keys.items()} for e, keys in agg.items()},
+        }
+    }
+
+
+def _split_numbers(col_kept: float, axis_acc: float, seeds: int = 2) -> dict[str, Any]:
+    pr = {
+        "axis_row.retention_probe_col": [col_kept] * seeds,
+        "axis_row.retention_probe_row": [0.0] * seeds,
+        "axis_col.retention_probe_row": [col_kept] * seeds,
+        "axis_row.accuracy": [axis_acc] * seeds,
+        "axis_col.accuracy": [axis_acc] * seeds,
+        "random_4.accuracy": [0.9] * seeds,
+        "random_4.accuracy_se": [0.02] * seeds,
+        "intact.accuracy": [1.0] * seeds,
+        "floor.accuracy": [0.25] * seeds,
+    }
+    axis = {"row_planes_per_head": [4.0] * seeds, "fraction_axis_aligned": [1.0] * seeds}
+    return _models({"position_removal": pr, "axis_map": axis}, "rope_axial", seeds)
+
+
+def test_rope_split_verdict_follows_the_controls() -> None:
+    assert rope_split(_split_numbers(0.9, 0.5))["verdict"] == SUPPORTED
+    # the other axis lost too: not a clean split
+    assert rope_split(_split_numbers(0.2, 0.5))["verdict"] == NOT_SUPPORTED
+    # no worse than random planes of the same count: the split adds nothing beyond the count
+    assert rope_split(_split_numbers(0.9, 0.89))["verdict"] == NOT_SUPPORTED
+    one = rope_split(_split_numbers(0.9, 0.5, seeds=1))
+    assert one["verdict"] == INCONCLUSIVE and any("seed" in c for c in one["caveats"])
+
+
+def test_ape_verdict_names_cell_latents() -> None:
+    site = "blocks.0.hook_resid_pre"
+    sae = {
+        f"{site}.n_positional": [64.0, 64.0], f"{site}.latents_row": [0.0, 0.0],
+        f"{site}.latents_col": [0.0, 0.0], f"{site}.latents_cell": [64.0, 64.0],
+        f"{site}.probe_causal": [1.0, 1.0], f"{site}.task_causal": [0.0, 0.0],
+        f"{site}.zero_all+error.probe_drop_site": [0.9, 0.8],
+        f"{site}.zero_all+error.d_accuracy": [-0.01, 0.0],
+        f"{site}.matched_all.probe_drop_site": [0.1, 0.05],
+        f"{site}.matched_all.d_accuracy": [0.0, 0.0], f"{site}.recon.d_accuracy": [0.0, 0.0],
+    }  # fmt: skip
+    claim = ape_features(_models({"sae_causal": sae}, "ape", 2))
+    assert claim["verdict"] == NOT_SUPPORTED and "cell" in claim["summary"]
+    sae[f"{site}.latents_row"] = sae[f"{site}.latents_col"] = [8.0, 8.0]
+    assert ape_features(_models({"sae_causal": sae}, "ape", 2))["verdict"] == SUPPORTED
+    sae[f"{site}.probe_causal"] = [1.0, 0.0]  # one seed fails: not supported
+    assert ape_features(_models({"sae_causal": sae}, "ape", 2))["verdict"] == NOT_SUPPORTED
