@@ -106,10 +106,13 @@ def make_study(out_dir: Path) -> dict[str, Any]:
             "train": {
                 "test_acc": acc,
                 "val_acc": acc - 0.01,
+                "train_acc": 1.0,
+                "chance": 0.5,
                 "steps": 1200,
                 "steps_to_90": 800 if seed == 0 else None,
                 "train_seconds": 150.04,
-            },
+            }
+            | ({"lr_final": 3e-5} if seed == 0 else {}),
             "experiments": exps,
             "skipped": skipped,
         }

@@ -107,6 +107,16 @@ def test_chance_rows_follow_their_metric_and_no_key_is_lost() -> None:
         "s.b",
         "s.b_chance",
     ]
+    # the study's own naming: chance_<target> beside probe_<target> (the shortest key ending so)
+    keys = ["accuracy", "chance_col", "chance_row", "control_probe_col", "probe_col", "probe_row"]
+    assert order_keys(keys) == [
+        "accuracy",
+        "control_probe_col",
+        "probe_col",
+        "chance_col",
+        "probe_row",
+        "chance_row",
+    ]
 
 
 def test_html_is_self_contained(study: tuple[Path, dict[str, Any]]) -> None:
@@ -185,7 +195,25 @@ def test_headline_tables_show_mean_se_and_seeds(study: tuple[Path, dict[str, Any
     # no aggregate: per-seed values, never an invented mean
     removal = section(html, "exp-position_removal")
     assert "no aggregate (2 runs)" in removal and "seed 0: 0.42; seed 1: 0.42" in removal
-    assert '<td class="num">—</td>' in section(html, "setup")  # steps_to_90 null: a dash
+    setup = section(html, "setup")
+    train = setup[setup.index('<table class="training">') :]
+    head = re.findall(r"<th>([^<]*)</th>", train.split("</thead>")[0])
+    known = ["Test acc", "Val acc", "Train acc", "Chance", "Steps", "Steps to 90%", "Train time"]
+    assert head == ["Model", "Seed", *known, "lr_final", "Checkpoint"]
+    row = re.findall(r"<td[^>]*>([^<]*)</td>", train.split("<tr>")[3])  # ape, seed 1
+    assert row == [
+        "ape",
+        "1",
+        "0.992",
+        "0.982",
+        "1",
+        "0.5",
+        "1200",
+        "—",
+        "150 s",
+        "—",
+        "checkpoints/ape_s1_ab12cd34ef56",
+    ]
 
 
 def test_markdown_has_claims_table_and_image_links(study: tuple[Path, dict[str, Any]]) -> None:

@@ -152,8 +152,9 @@ def flatten(d: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]
             yield key, v
 
 
-def chance_base(key: str) -> str | None:
-    """The key a chance row belongs to: 'acc' for 'acc_chance' or 'chance_acc', else None."""
+def chance_target(key: str) -> str | None:
+    """What a chance row is the chance level of: 'acc' for 'acc_chance' or 'chance_acc' (with
+    any dotted prefix kept), None for a key that is not a chance level."""
     head, _, last = key.rpartition(".")
     prefix = f"{head}." if head else ""
     if last.endswith("_chance") and len(last) > len("_chance"):
@@ -163,14 +164,31 @@ def chance_base(key: str) -> str | None:
     return None
 
 
+def chance_base(key: str, keys: list[str]) -> str | None:
+    """The row a chance row belongs under: the exact target if present (chance_acc -> acc), else
+    the shortest other key ending in '_<target>' (chance_row -> probe_row), else None."""
+    target = chance_target(key)
+    if target is None:
+        return None
+    if target in keys and target != key:
+        return target
+    head, _, last = target.rpartition(".")
+    prefix = f"{head}." if head else ""
+    cands = [
+        k
+        for k in keys
+        if k != key and k.startswith(prefix) and k.endswith(f"_{last}") and chance_target(k) is None
+    ]
+    return min(cands, key=len) if cands else None
+
+
 def order_keys(keys: list[str]) -> list[str]:
     """First-seen order, but each chance row directly after the row it is the chance level of."""
-    present = set(keys)
     attached: dict[str, list[str]] = {}
     top: list[str] = []
     for k in keys:
-        base = chance_base(k)
-        if base is not None and base in present:
+        base = chance_base(k, keys)
+        if base is not None:
             attached.setdefault(base, []).append(k)
         else:
             top.append(k)
@@ -205,7 +223,7 @@ def stat_cell(v: Any) -> Cell:
         main += f" ± {fmt_value(se)}"
     if n is not None:
         main += f" ({fmt_value(n)} seed{'s' if n != 1 else ''})"
-    return Cell(main, fmt_value(values) if values else "")
+    return Cell(main, fmt_value(values) if len(values) > 1 else "")  # one seed: the mean says it
 
 
 def headline_table(results: Mapping[str, Any], exp: str) -> tuple[list[str], list[str], dict]:
@@ -278,38 +296,41 @@ def data_files(results: Mapping[str, Any], exp: str) -> list[tuple[str, str]]:
     return out
 
 
-TRAIN_COLUMNS = (
-    "Model",
-    "Seed",
-    "Test acc",
-    "Val acc",
-    "Steps",
-    "Steps to 90%",
-    "Train time",
-    "Checkpoint",
-)
+TRAIN_LABELS = {
+    "test_acc": "Test acc",
+    "val_acc": "Val acc",
+    "train_acc": "Train acc",
+    "chance": "Chance",
+    "steps": "Steps",
+    "steps_to_90": "Steps to 90%",
+    "train_seconds": "Train time",
+}
 
 
-def training_rows(results: Mapping[str, Any]) -> list[list[str]]:
-    """One row per model and seed: accuracies, steps, time and checkpoint (see TRAIN_COLUMNS)."""
+def training_table(results: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """Header and one row per model and seed: the known training numbers present (in
+    TRAIN_LABELS order), any other recorded ones after them, then the checkpoint."""
+    runs = [
+        (name, run)
+        for name in models(results)
+        for run in ((results.get("models") or {}).get(name) or {}).get("runs") or []
+    ]
+    seen: list[str] = []
+    for _, run in runs:
+        seen += [k for k in run.get("train") or {} if k not in seen]
+    keys = [k for k in TRAIN_LABELS if k in seen] + [k for k in seen if k not in TRAIN_LABELS]
+    head = ["Model", "Seed", *(TRAIN_LABELS.get(k, k) for k in keys), "Checkpoint"]
     rows = []
-    for name in models(results):
-        for run in ((results.get("models") or {}).get(name) or {}).get("runs") or []:
-            t = run.get("train") or {}
-            secs = t.get("train_seconds")
-            rows.append(
-                [
-                    name,
-                    fmt_value(run.get("seed")),
-                    fmt_value(t.get("test_acc")),
-                    fmt_value(t.get("val_acc")),
-                    fmt_value(t.get("steps")),
-                    fmt_value(t.get("steps_to_90")),
-                    NONE if secs is None else f"{fmt_num(secs)} s",
-                    fmt_value(run.get("checkpoint")),
-                ]
+    for name, run in runs:
+        t = run.get("train") or {}
+        row = [name, fmt_value(run.get("seed"))]
+        for k in keys:
+            v = t.get(k)
+            row.append(
+                f"{fmt_num(v)} s" if k == "train_seconds" and v is not None else fmt_value(v)
             )
-    return rows
+        rows.append([*row, fmt_value(run.get("checkpoint"))])
+    return head, rows
 
 
 TIMING_COLUMNS = ("Stage", "Model", "Seed", "Seconds", "Reused")

@@ -131,9 +131,9 @@ def _claims(results: Mapping[str, Any]) -> str:
 
 def _setup(results: Mapping[str, Any]) -> str:
     """Config, environment and the per-model, per-seed training table."""
-    rows = c.training_rows(results)
+    head, rows = c.training_table(results)
     train = (
-        _table(c.TRAIN_COLUMNS, rows, num_from=1, cls="training")
+        _table(head, rows, num_from=1, cls="training")
         if rows
         else "<p>No training runs recorded.</p>"
     )
@@ -177,7 +177,7 @@ def _headline(results: Mapping[str, Any], exp: str) -> str:
     out += [f"<th>{esc(m)}</th>" for m in cols]
     out.append("</tr></thead><tbody>")
     for k in keys:
-        cls = ' class="chance"' if c.chance_base(k) else ""
+        cls = ' class="chance"' if c.chance_target(k) else ""
         out.append(f"<tr{cls}><th>{esc(k)}</th>")
         for m in cols:
             cell = cells.get((k, m))

@@ -71,8 +71,8 @@ def _setup(results: Mapping[str, Any]) -> list[str]:
     out += ["### Environment", ""]
     out += table(["Package", "Version"], c.kv_rows(results.get("environment")))
     out += ["### Training", ""]
-    rows = c.training_rows(results)
-    out += table(c.TRAIN_COLUMNS, rows) if rows else ["No training runs recorded.", ""]
+    head, rows = c.training_table(results)
+    out += table(head, rows) if rows else ["No training runs recorded.", ""]
     return out
 
 
