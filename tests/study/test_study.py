@@ -25,7 +25,7 @@ TINY_STUDY = StudyConfig(
     train_set=(
         "model.dim=16", "model.depth=2", "model.heads=2", "train.steps=6", "train.batch_size=16",
         "train.eval_every=3", "train.eval_images=20", "train.ckpt_every=3", "data.n_val=80",
-        "data.n_test=40", "data.image_size=16", "data.object_scale=0.3",
+        "data.n_test=40", "data.image_size=16", "data.object_scale=0.32",
     ),
     analysis_set=(
         "windows.axis_windows=false", "windows.probe_curves=false", "position_removal.n_planes=1",

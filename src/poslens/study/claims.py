@@ -32,14 +32,22 @@ class View:
         return exp in self.agg and key in self.agg[exp] and self.agg[exp][key]["n"] > 0
 
     def mean(self, exp: str, key: str) -> float:
-        return float(self.agg[exp][key]["mean"])
+        """Mean over seeds; NaN when missing or undefined (e.g. a retention with no gap)."""
+        m = self.agg.get(exp, {}).get(key, {}).get("mean")
+        return float(m) if m is not None else float("nan")
 
     def se(self, exp: str, key: str) -> float:
-        se = self.agg[exp][key]["se"]
+        se = self.agg.get(exp, {}).get(key, {}).get("se")
         return float(se) if se is not None else float("nan")
 
     def values(self, exp: str, key: str) -> list[float]:
-        return [float(v) for v in self.agg[exp][key]["values"] if v is not None]
+        vals = self.agg.get(exp, {}).get(key, {}).get("values", [])
+        return [float(v) for v in vals if v is not None]
+
+    def all_at_least(self, exp: str, key: str, threshold: float) -> bool:
+        """True when every seed has the number and it is >= threshold."""
+        vals = self.agg.get(exp, {}).get(key, {}).get("values", [])
+        return bool(vals) and all(v is not None and v >= threshold for v in vals)
 
     def seeds(self, exp: str) -> int:
         return sum(1 for r in self.runs if exp in r["experiments"])
@@ -48,6 +56,8 @@ class View:
         """'mean ± SE' (or the single value) of one headline number."""
         scale, unit = (100, "%") if pct else (1, "")
         m, se = scale * self.mean(exp, key), scale * self.se(exp, key)
+        if m != m:
+            return "n/a"
         digits = 1 if pct else 2
         if se == se:  # not NaN
             return f"{m:.{digits}f} ± {se:.{digits}f}{unit}"
@@ -134,8 +144,8 @@ def ape_features(models: Models) -> dict[str, Any]:
             )
         evidence.append(line)
     seeds = v.seeds(e)
-    causal = v.has(e, f"{best}.probe_causal") and min(v.values(e, f"{best}.probe_causal")) == 1
-    task = v.has(e, f"{best}.task_causal") and min(v.values(e, f"{best}.task_causal")) == 1
+    causal = v.all_at_least(e, f"{best}.probe_causal", 1)
+    task = v.all_at_least(e, f"{best}.task_causal", 1)
     rowcol = all(
         v.has(e, f"{best}.latents_{k}") and v.mean(e, f"{best}.latents_{k}") >= 1
         for k in ("row", "col")
@@ -193,12 +203,8 @@ def rope_split(models: Models) -> dict[str, Any]:
             f"accuracy (row probe {v.fmt(e, 'axis_row.retention_probe_row', pct=True)}, by construction near 0); "
             f"without the column planes the row probe keeps {v.fmt(e, 'axis_col.retention_probe_row', pct=True)}"
         )
-        ok = (
-            min(
-                v.values(e, "axis_row.retention_probe_col")
-                + v.values(e, "axis_col.retention_probe_row")
-            )
-            >= 0.5
+        ok = v.all_at_least(e, "axis_row.retention_probe_col", 0.5) and v.all_at_least(
+            e, "axis_col.retention_probe_row", 0.5
         )
         if n and v.has(e, f"{rnd}.accuracy"):
             axis_acc = (v.mean(e, "axis_row.accuracy") + v.mean(e, "axis_col.accuracy")) / 2
@@ -272,32 +278,21 @@ def rope_rebuilds(models: Models) -> dict[str, Any]:
             f"{v.fmt(e, f'{w}.retention_ssdc_out', pct=True)} of intact-minus-floor, accuracy {v.fmt(e, f'{w}.accuracy', pct=True)} "
             f"(intact {v.fmt(e, 'intact.accuracy', pct=True)}, floor {v.fmt(e, 'floor.accuracy', pct=True)})"
         )
-        after = [
-            p - f
-            for p, f in zip(
-                v.values(e, f"{w}.ssdc_rpi_out"), v.values(e, "floor.ssdc_rpi_out"), strict=True
-            )
-        ]
+        after = v.mean(e, f"{w}.ssdc_rpi_out") - v.mean(e, "floor.ssdc_rpi_out")
         if v.has(e, f"{sfx}.ssdc_rpi_out"):
-            intact = [
-                i - s
-                for i, s in zip(
-                    v.values(e, "intact.ssdc_rpi_out"),
-                    v.values(e, f"{sfx}.ssdc_rpi_out"),
-                    strict=True,
-                )
-            ]
+            anyway = v.mean(e, "intact.ssdc_rpi_out") - v.mean(e, f"{sfx}.ssdc_rpi_out")
             controls.append(
-                f"{v.model}: blocks {k + 1}..{depth - 1} add {sum(after) / len(after):.2f} RPI-SSDC at the output after the window, "
-                f"vs {sum(intact) / len(intact):.2f} when nothing was withheld before them (their rotations removed instead: what they contribute anyway)"
+                f"{v.model}: blocks {k + 1}..{depth - 1} add {after:.2f} RPI-SSDC at the output "
+                f"after the window, vs {anyway:.2f} when nothing was withheld before them (their "
+                "rotations removed instead: what they contribute anyway)"
             )
-            if sum(after) <= sum(intact):
+            if not after > anyway:
                 caveats.append(
-                    f"{v.model}: after the window the later blocks add no more structure than they add anyway: rebuilding is their ordinary contribution, not compensation."
+                    f"{v.model}: after the window the later blocks add no more structure than they "
+                    "add anyway: rebuilding is their ordinary contribution, not compensation."
                 )
-        ok = (
-            min(v.values(e, f"{w}.retention_ssdc_out")) >= 0.5
-            and min(v.values(e, f"{w}.retention_accuracy")) >= 0.5
+        ok = v.all_at_least(e, f"{w}.retention_ssdc_out", 0.5) and v.all_at_least(
+            e, f"{w}.retention_accuracy", 0.5
         )
         oks.append(ok)
         seeds.append(v.seeds(e))
@@ -356,7 +351,8 @@ def position_matters(models: Models) -> dict[str, Any]:
                     f"{v.model}: removing {n} random planes per head (half of them) instead: accuracy {v.fmt(e, f'random_{n}.accuracy', pct=True)}"
                 )
         oks.append(
-            all(d < -2 * s for d, s in zip(drops, ses, strict=True))
+            len(drops) == len(ses) == v.seeds(e)
+            and all(d < -2 * s for d, s in zip(drops, ses, strict=True))
             and v.mean(e, "floor.accuracy") < v.mean(e, "intact.accuracy") - 0.1
         )
         seeds.append(v.seeds(e))

@@ -1,0 +1,70 @@
+"""Wall time of `poslens study` per stage, for the quick and default presets.
+
+Runs each preset from nothing into a fresh folder (so every checkpoint is trained), then reads
+the stage timings from its results.json and prints the seconds per stage kind (training, each
+experiment, the report) summed over models and seeds, with the total. There is no alternative
+tool to compare with; the issue's budgets are the yardstick: quick <= 3 min, default <= 20 min
+on 2 cores.
+
+    PYTHONPATH=src python benchmarks/study_time.py [--presets quick,default] [--out DIR]
+        [--threads 0] [--json timings.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+from poslens.study import preset, run_study
+
+BUDGET = {"quick": 180.0, "default": 1200.0}
+
+
+def time_preset(name: str, out: Path, threads: int) -> dict[str, object]:
+    start = time.perf_counter()
+    res = run_study(preset(name), out, progress=False, threads=threads)
+    wall = time.perf_counter() - start
+    per_kind: dict[str, float] = defaultdict(float)
+    for s in res["timings"]["stages"]:
+        per_kind[s["stage"]] += s["seconds"]
+    staged = sum(per_kind.values())
+    per_kind["aggregate + figures + report"] = wall - staged
+    return {
+        "preset": name,
+        "wall_seconds": round(wall, 1),
+        "budget_seconds": BUDGET.get(name),
+        "stages": {k: round(v, 1) for k, v in per_kind.items()},
+        "claims": {c["id"]: c["verdict"] for c in res["claims"]},
+        "out": str(out),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--presets", default="quick,default")
+    ap.add_argument("--out", help="parent folder for the studies (default: a temporary one)")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: all cores)")
+    ap.add_argument("--json", help="also write the timings here")
+    args = ap.parse_args()
+    parent = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="poslens-study-"))
+    rows = []
+    for name in args.presets.split(","):
+        out = parent / name
+        if out.exists() and any(out.iterdir()):
+            raise SystemExit(f"{out} is not empty: the benchmark times a study from nothing")
+        rows.append(time_preset(name, out, args.threads))
+        r = rows[-1]
+        print(f"\n{name}: {r['wall_seconds']:.0f} s (budget {r['budget_seconds']:.0f} s)")
+        for stage, sec in r["stages"].items():  # type: ignore[union-attr]
+            print(f"  {stage:<30} {sec:8.1f} s")
+        print("  claims: " + ", ".join(f"{k}={v}" for k, v in r["claims"].items()))  # type: ignore[union-attr]
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
