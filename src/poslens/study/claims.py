@@ -52,12 +52,14 @@ class View:
     def seeds(self, exp: str) -> int:
         return sum(1 for r in self.runs if exp in r["experiments"])
 
-    def fmt(self, exp: str, key: str, pct: bool = False) -> str:
-        """'mean ± SE' (or the single value) of one headline number."""
+    def fmt(self, exp: str, key: str, pct: bool = False, count: bool = False) -> str:
+        """'mean ± SE' (or the single value) of one headline number; counts without decimals."""
         scale, unit = (100, "%") if pct else (1, "")
         m, se = scale * self.mean(exp, key), scale * self.se(exp, key)
         if m != m:
             return "n/a"
+        if count:
+            return f"{m:g} ± {se:.1f}" if se == se else f"{m:g}"
         digits = 1 if pct else 2
         if se == se:  # not NaN
             return f"{m:.{digits}f} ± {se:.{digits}f}{unit}"
@@ -75,6 +77,12 @@ def _claim(
     models: list[str],
     seeds: int,
 ) -> dict[str, Any]:
+    if verdict == INCONCLUSIVE and 0 < seeds < MIN_SEEDS:
+        summary = (
+            f"No verdict from {seeds} seed (at least {MIN_SEEDS} are needed); so far: "
+            + summary[:1].lower()
+            + summary[1:]
+        )
     return {
         "id": cid,
         "title": title,
@@ -124,9 +132,9 @@ def ape_features(models: Models) -> dict[str, Any]:
     best = max(sites, key=lambda s: drop(s, "zero_all+error"))
     evidence, controls, caveats = [], [], []
     for site in sites:
-        n = v.fmt(e, f"{site}.n_positional")
+        n = v.fmt(e, f"{site}.n_positional", count=True)
         kinds = ", ".join(
-            f"{k} {v.fmt(e, f'{site}.latents_{k}')}" for k in ("row", "col", "cell", "mixed")
+            f"{k} {v.fmt(e, f'{site}.latents_{k}', count=True)}" for k in ("row", "col", "cell", "mixed")
             if v.has(e, f"{site}.latents_{k}")
         )  # fmt: skip
         line = f"{site}: {n} positional latents ({kinds})"
