@@ -20,6 +20,7 @@ EXPERIMENTS = (
     "components",
     "resolution",
     "prefix_attention",
+    "heads",
     "sae_causal",
 )
 
