@@ -186,7 +186,12 @@ def cmd_study(args: argparse.Namespace) -> int:
         changes["task"] = args.data
     cfg = preset(args.preset, **changes)
     results = run_study(
-        cfg, args.out, progress=not args.no_progress, device=args.device, threads=args.threads
+        cfg,
+        args.out,
+        progress=not args.no_progress,
+        device=args.device,
+        threads=args.threads,
+        jobs=args.jobs,
     )
     print(f"{'claim':<58} verdict")
     for c in results["claims"]:
@@ -281,7 +286,15 @@ def build_parser() -> argparse.ArgumentParser:
     sy.add_argument("--data", help="task: relation, animals (default relation)")
     sy.add_argument("--out", required=True, help="output folder (reused to continue)")
     sy.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
-    sy.add_argument("--threads", type=int, default=0, help="torch threads (0: all cores)")
+    sy.add_argument(
+        "--jobs",
+        type=int,
+        default=0,
+        help="model/seed runs in parallel processes (default 0: one per core on the CPU)",
+    )
+    sy.add_argument(
+        "--threads", type=int, default=0, help="torch threads per job (0: cores / jobs)"
+    )
     sy.add_argument("--no-progress", action="store_true", help="no progress display")
     sy.set_defaults(fn=cmd_study)
 

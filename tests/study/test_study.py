@@ -124,10 +124,12 @@ def test_same_config_in_a_fresh_folder_gives_identical_results(
     study: tuple[Path, dict[str, Any]], tmp_path: Path
 ) -> None:
     _, res = study
-    cfg = replace(TINY_STUDY, models=("rope_axial",), experiments=("depth_profile",), seeds=1)
-    a = run_study(cfg, tmp_path / "a", progress=False)
-    b = run_study(cfg, tmp_path / "b", progress=False)
-    assert _strip(a) == _strip(b)
+    cfg = replace(TINY_STUDY, models=("rope_axial",), experiments=("depth_profile",), seeds=2)
+    a = run_study(cfg, tmp_path / "a", progress=False, threads=1)
+    b = run_study(cfg, tmp_path / "b", progress=False, threads=1, jobs=2)  # two processes
+    assert b["environment"]["jobs"] == 2
+    strip_env = lambda r: {k: v for k, v in _strip(r).items() if k != "environment"}  # noqa: E731
+    assert strip_env(a) == strip_env(b)
     assert not any(s["reused"] for s in b["timings"]["stages"])
     # and it equals the big study's seed-0 numbers for the same model and config
     assert (
@@ -145,6 +147,18 @@ def test_changed_training_config_trains_a_new_checkpoint(
     res = run_study(cfg, out / "sub", progress=False)
     first = res["timings"]["stages"][0]
     assert first["stage"] == "train" and not first["reused"]
+
+
+def test_only_restricts_an_experiment_to_some_models(tmp_path: Path) -> None:
+    cfg = replace(TINY_STUDY, seeds=1, experiments=("depth_profile",),
+                  only=("depth_profile=rope_axial",))  # fmt: skip
+    res = run_study(cfg, tmp_path, progress=False)
+    assert "depth_profile" in res["models"]["ape"]["runs"][0]["skipped"]
+    assert "depth_profile" in res["models"]["rope_axial"]["runs"][0]["experiments"]
+    with pytest.raises(ConfigError, match="study.only"):
+        replace(TINY_STUDY, only=("windows",))
+    with pytest.raises(ConfigError, match="study.only"):
+        replace(TINY_STUDY, only=("heads=ape",))  # not one of the study's experiments
 
 
 def test_config_errors_name_the_field() -> None:

@@ -36,6 +36,8 @@ class StudyConfig:
     n_images: int = 300
     probe_images: int = 150
     batch_size: int = 250
+    # "experiment=model,model": run that experiment only on those models (the others record why)
+    only: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         one_of("study.preset", self.preset, PRESETS)
@@ -50,6 +52,13 @@ class StudyConfig:
             one_of("study.experiments", e, EXPERIMENTS)
         for name in ("n_images", "probe_images", "batch_size"):
             positive_int(f"study.{name}", getattr(self, name))
+        for item in self.only:
+            exp, eq, models = item.partition("=")
+            if not eq or exp not in self.experiments or not models:
+                raise ConfigError(
+                    f"study.only entries look like EXPERIMENT=MODEL,MODEL with a study "
+                    f"experiment; got {item!r}"
+                )
         if self.probe_images > self.n_images:
             raise ConfigError(
                 f"study.probe_images ({self.probe_images}) exceeds study.n_images ({self.n_images})"
@@ -57,6 +66,14 @@ class StudyConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
+    def skips(self, experiment: str) -> set[str]:
+        """The study's models that `only` excludes from this experiment."""
+        for item in self.only:
+            exp, _, models = item.partition("=")
+            if exp == experiment:
+                return set(self.models) - {m.strip() for m in models.split(",")}
+        return set()
 
     def analysis_overrides(self, experiment: str) -> dict[str, str]:
         """`field -> text` overrides for one experiment, from analysis_set."""

@@ -13,7 +13,10 @@ Every file is written atomically, so an interrupted study leaves finished stages
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing as mp
+import os
 import platform
+import queue
 import sys
 import time
 from collections.abc import Iterator
@@ -135,8 +138,7 @@ def experiment_stage(
     model = poslens.load(ckpt, device=device)
     data = poslens.load_task(ckpt)
     reason = module.applies(model)
-    ehash = config_hash(dataclasses.asdict(ecfg))
-    record: dict[str, Any] = {"experiment": name, "config_hash": ehash}
+    record: dict[str, Any] = {"experiment": name}
     if reason is not None:
         record["skipped"] = reason
     else:
@@ -159,77 +161,157 @@ def _finished(path: Path, ehash: str) -> dict[str, Any] | None:
     return rec if rec.get("config_hash") == ehash else None
 
 
+def run_one(
+    cfg: StudyConfig,
+    out: Path,
+    model: str,
+    seed: int,
+    device: str,
+    threads: int,
+    events: Any = None,
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Train (or reuse) one model/seed and run every experiment on it, stage by stage.
+
+    Returns the run's entry for results.json and its stage timings. `events` (a queue) gets
+    ("start" | "done", Stage) messages for the progress display of the parent process.
+    """
+    if threads:
+        torch.set_num_threads(threads)
+    ecfgs = experiment_configs(cfg)
+    rc = run_config(cfg, model, seed, threads)
+    ckpt = checkpoint_dir(out, model, seed, rc)
+    run_dir = out / "runs" / model / f"seed{seed}"
+    entry: dict[str, Any] = {}
+    timings: list[dict[str, Any]] = []
+    for kind in ("train", *cfg.experiments):
+        st = Stage(kind, model, seed, _weight(kind, cfg, rc))
+        if events is not None:
+            events.put(("start", st))
+        t0 = time.perf_counter()
+        extra: dict[str, Any] = {}
+        if kind == "train":
+            metrics, reused = train_stage(rc, ckpt, device)
+            extra["train_seconds"] = round(float(metrics["train_seconds"]), 1)
+            entry = {
+                "seed": seed,
+                "checkpoint": str(ckpt.relative_to(out)),
+                "config_hash": ckpt.name.rsplit("_", 1)[1],
+                "train": _train_summary(metrics),
+                "experiments": {},
+                "skipped": {},
+            }
+        else:
+            ecfg = ecfgs[kind]
+            marker = run_dir / f"{kind}.stage.json"
+            skip = model in cfg.skips(kind)
+            shash = config_hash(dataclasses.asdict(ecfg) | {"skip": skip})
+            record = _finished(marker, shash)
+            reused = record is not None
+            if record is None:
+                if skip:
+                    record = {"skipped": f"not run on {model} in this study (study.only)"}
+                else:
+                    record = experiment_stage(kind, ecfg, ckpt, run_dir, device)
+                record["config_hash"] = shash
+                write_json(marker, jsonable(record))
+            if "skipped" in record:
+                entry["skipped"][kind] = record["skipped"]
+            else:
+                entry["experiments"][kind] = {
+                    "headline": record["headline"],
+                    "files": record["files"],
+                }
+        seconds = time.perf_counter() - t0
+        timings.append(
+            {"stage": kind, "model": model, "seed": seed, "seconds": round(seconds, 2),
+             "reused": reused} | extra
+        )  # fmt: skip
+        if events is not None:
+            events.put(("done", st))
+    return entry, timings
+
+
+def _jobs(jobs: int, device: str, n_runs: int) -> int:
+    """Parallel model/seed runs: by default one per core on the CPU (each single-threaded)."""
+    if jobs:
+        return max(1, min(jobs, n_runs))
+    if device != "cpu":
+        return 1
+    return max(1, min(os.cpu_count() or 1, n_runs))
+
+
 def run_study(
     cfg: StudyConfig,
     out: str | Path,
     progress: bool = True,
     device: str = "cpu",
     threads: int = 0,
+    jobs: int = 1,
 ) -> dict[str, Any]:
-    """Run (or continue) the study into `out`; returns the results.json content."""
+    """Run (or continue) the study into `out`; returns the results.json content.
+
+    jobs: model/seed runs in parallel processes (0: one per core on the CPU); threads: torch
+    threads per process (0: the cores divided among the jobs).
+    """
     out = Path(out)
-    ecfgs = experiment_configs(cfg)
-    rcs = {(m, s): run_config(cfg, m, s, threads) for m in cfg.models for s in range(cfg.seeds)}
-    if threads:
-        torch.set_num_threads(threads)
-    stages = [
-        Stage(kind, m, s, _weight(kind, cfg, rcs[m, s]))
-        for m in cfg.models
-        for s in range(cfg.seeds)
-        for kind in ("train", *cfg.experiments)
-    ]
+    experiment_configs(cfg)  # ConfigError before any work
+    runs_todo = [(m, s) for m in cfg.models for s in range(cfg.seeds)]
+    for m, s in runs_todo:
+        run_config(cfg, m, s, threads)
+    n_jobs = _jobs(jobs, device, len(runs_todo))
+    if not threads and n_jobs > 1:
+        threads = max(1, (os.cpu_count() or 1) // n_jobs)
     start = time.perf_counter()
-    timings: list[dict[str, Any]] = []
-    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in cfg.models}
+    stages_total = len(runs_todo) * (1 + len(cfg.experiments))
+    weights = {
+        (m, s): sum(_weight(k, cfg, run_config(cfg, m, s)) for k in ("train", *cfg.experiments))
+        for m, s in runs_todo
+    }
+    results_by_run: dict[tuple[str, int], tuple[dict[str, Any], list[dict[str, Any]]]] = {}
     with _progress(progress) as bar:
         task = None
         if bar is not None:
-            total = sum(st.weight for st in stages)
-            task = bar.add_task("study", total=total, done=f"0/{len(stages)}")
-        for i, st in enumerate(stages):
-            if bar is not None and task is not None:
-                bar.update(task, description=st.label)
-            t0 = time.perf_counter()
-            rc = rcs[st.model, st.seed]
-            ckpt = checkpoint_dir(out, st.model, st.seed, rc)
-            run_dir = out / "runs" / st.model / f"seed{st.seed}"
-            extra: dict[str, Any] = {}
-            if st.kind == "train":
-                metrics, reused = train_stage(rc, ckpt, device)
-                extra["train_seconds"] = round(float(metrics["train_seconds"]), 1)
-                runs[st.model].append(
-                    {
-                        "seed": st.seed,
-                        "checkpoint": str(ckpt.relative_to(out)),
-                        "config_hash": ckpt.name.rsplit("_", 1)[1],
-                        "train": _train_summary(metrics),
-                        "experiments": {},
-                        "skipped": {},
-                    }
-                )
+            task = bar.add_task("study", total=sum(weights.values()), done=f"0/{stages_total}")
+        running: dict[tuple[str, int], str] = {}
+        done = 0
+
+        def on_event(kind: str, st: Stage) -> None:
+            nonlocal done
+            if kind == "start":
+                running[st.model, st.seed] = st.label
             else:
-                ecfg = ecfgs[st.kind]
-                marker = run_dir / f"{st.kind}.stage.json"
-                record = _finished(marker, config_hash(dataclasses.asdict(ecfg)))
-                reused = record is not None
-                if record is None:
-                    record = experiment_stage(st.kind, ecfg, ckpt, run_dir, device)
-                    write_json(marker, jsonable(record))
-                entry = runs[st.model][-1]
-                if "skipped" in record:
-                    entry["skipped"][st.kind] = record["skipped"]
-                else:
-                    entry["experiments"][st.kind] = {
-                        "headline": record["headline"],
-                        "files": record["files"],
-                    }
-            seconds = time.perf_counter() - t0
-            timings.append(
-                {"stage": st.kind, "model": st.model, "seed": st.seed, "seconds": round(seconds, 2),
-                 "reused": reused} | extra
-            )  # fmt: skip
+                done += 1
             if bar is not None and task is not None:
-                bar.update(task, advance=st.weight, done=f"{i + 1}/{len(stages)}")
+                bar.update(
+                    task,
+                    advance=st.weight if kind == "done" else 0,
+                    description=" | ".join(running.values()),
+                    done=f"{done}/{stages_total}",
+                )
+
+        if n_jobs == 1:
+            for m, s in runs_todo:
+                events = _Direct(on_event)
+                results_by_run[m, s] = run_one(cfg, out, m, s, device, threads, events)
+        else:
+            ctx = mp.get_context("spawn")
+            with ctx.Manager() as manager, ctx.Pool(n_jobs) as pool:
+                events = manager.Queue()
+                pending = {
+                    (m, s): pool.apply_async(run_one, (cfg, out, m, s, device, threads, events))
+                    for m, s in runs_todo
+                }
+                while pending:
+                    try:
+                        on_event(*events.get(timeout=0.2))
+                    except queue.Empty:
+                        pass
+                    for key in [k for k, r in pending.items() if r.ready()]:
+                        results_by_run[key] = pending.pop(key).get()  # re-raises worker errors
+                while not events.empty():
+                    on_event(*events.get())
+    runs = {m: [results_by_run[m, s][0] for s in range(cfg.seeds)] for m in cfg.models}
+    timings = [t for key in runs_todo for t in results_by_run[key][1]]
     models = {
         m: {"posenc": m, "runs": runs[m], "aggregate": aggregate(runs[m], cfg.experiments)}
         for m in cfg.models
@@ -241,7 +323,7 @@ def run_study(
         "poslens_version": poslens.__version__,
         "created": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "config": cfg.to_dict() | {"device": device},
-        "environment": environment(),
+        "environment": environment(threads or torch.get_num_threads(), n_jobs),
         "models": models,
         "claims": evaluate_claims(models, cfg),
         "figures": study_figures(out, models, cfg),
@@ -258,6 +340,16 @@ def run_study(
     return results
 
 
+class _Direct:
+    """The queue interface for the single-process case: events go straight to the display."""
+
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+
+    def put(self, item: tuple[str, Stage]) -> None:
+        self.fn(*item)
+
+
 def _train_summary(m: dict[str, Any]) -> dict[str, Any]:
     return {
         "test_acc": m["test"]["acc"],
@@ -269,14 +361,15 @@ def _train_summary(m: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def environment() -> dict[str, Any]:
+def environment(threads: int, jobs: int) -> dict[str, Any]:
     return {
         "python": platform.python_version(),
         "torch": torch.__version__,
         "numpy": np.__version__,
         "platform": platform.platform(),
         "machine": platform.machine(),
-        "threads": torch.get_num_threads(),
+        "threads": threads,
+        "jobs": jobs,
     }
 
 
