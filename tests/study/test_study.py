@@ -21,7 +21,7 @@ TINY_STUDY = StudyConfig(
     preset="quick",
     models=("ape", "rope_axial"),
     seeds=2,
-    experiments=("depth_profile", "position_removal", "axis_map", "windows", "sae_causal"),
+    experiments=("depth_profile", "position_removal", "axis_map", "windows", "heads", "sae_causal"),
     train_set=(
         "model.dim=16", "model.depth=2", "model.heads=2", "train.steps=6", "train.batch_size=16",
         "train.eval_every=3", "train.eval_images=20", "train.ckpt_every=3", "data.n_val=80",
@@ -31,7 +31,8 @@ TINY_STUDY = StudyConfig(
         "windows.axis_windows=false", "windows.probe_curves=false", "position_removal.n_planes=1",
         "position_removal.draws=2", "sae_causal.sites=blocks.0.hook_resid_pre",
         "sae_causal.train_images=40", "sae_causal.epochs=1", "sae_causal.k=4",
-        "sae_causal.doses=2", "sae_causal.draws=1",
+        "sae_causal.doses=2", "sae_causal.draws=1", "heads.units=head", "heads.cumulative=1",
+        "heads.axis_windows=false", "heads.rebuild_probes=false", "heads.draws=1",
     ),
     n_images=30,
     probe_images=30,
@@ -158,7 +159,7 @@ def test_only_restricts_an_experiment_to_some_models(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="study.only"):
         replace(TINY_STUDY, only=("windows",))
     with pytest.raises(ConfigError, match="study.only"):
-        replace(TINY_STUDY, only=("heads=ape",))  # not one of the study's experiments
+        replace(TINY_STUDY, only=("components=ape",))  # not one of the study's experiments
 
 
 def test_config_errors_name_the_field() -> None:
@@ -261,3 +262,29 @@ def test_ape_verdict_names_cell_latents() -> None:
     assert ape_features(_models({"sae_causal": sae}, "ape", 2))["verdict"] == SUPPORTED
     sae[f"{site}.probe_causal"] = [1.0, 0.0]  # one seed fails: not supported
     assert ape_features(_models({"sae_causal": sae}, "ape", 2))["verdict"] == NOT_SUPPORTED
+
+
+def test_heads_verdict_needs_held_out_rebuilders_linked_to_specialization() -> None:
+    from poslens.study.claims import heads_rebuild
+
+    rb = "rebuilding/head"
+    h = {
+        "heads_total": [24.0, 24.0], "specialized_heads": [6.0, 5.0], "row_heads": [3.0, 3.0],
+        "col_heads": [3.0, 2.0], "max_abs_specialization": [0.9, 0.8],
+        f"{rb}.held_out.excess": [0.5, 0.4], f"{rb}.held_out.se": [0.1, 0.1],
+        f"{rb}.rebuilders.n": [3.0, 2.0], f"{rb}.tests": [4.0, 4.0],
+        f"{rb}.expected_false_positives": [0.09, 0.09],
+        "consistency/rebuild_vs_abs_spec/head.pearson": [0.6, 0.5],
+        "block_control.later_after_window": [2.0, 2.0], "block_control.later_intact": [1.0, 1.0],
+        "block_control.compensation": [1.0, 1.0],
+    }  # fmt: skip
+    assert heads_rebuild(_models({"heads": h}, "rope_axial", 2))["verdict"] == SUPPORTED
+    h[f"{rb}.held_out.excess"] = [0.5, 0.1]  # second seed within 2 SE: no rebuilder there
+    claim = heads_rebuild(_models({"heads": h}, "rope_axial", 2))
+    assert claim["verdict"] == NOT_SUPPORTED and "no rebuilder" in claim["summary"]
+    h[f"{rb}.held_out.excess"] = [0.5, 0.4]
+    h["consistency/rebuild_vs_abs_spec/head.pearson"] = [-0.2, -0.1]
+    assert heads_rebuild(_models({"heads": h}, "rope_axial", 2))["verdict"] == NOT_SUPPORTED
+    h["specialized_heads"] = [0.0, 2.0]
+    claim = heads_rebuild(_models({"heads": h}, "rope_axial", 2))
+    assert claim["verdict"] == NOT_SUPPORTED and "specialized" in claim["summary"]

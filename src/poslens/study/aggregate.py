@@ -124,6 +124,27 @@ def sae_causal(d: dict[str, Any]) -> Headline:
     return out
 
 
+def heads(d: dict[str, Any]) -> Headline:
+    """The heads verdict's numbers, flattened ("rebuilding/head.held_out.excess"); lists of
+    units become their count (".n")."""
+    return _flatten(d["verdict"])
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> Headline:
+    out: Headline = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out |= _flatten(v, key + ".")
+        elif isinstance(v, bool):
+            out[key] = float(v)
+        elif isinstance(v, int | float):
+            out[key] = float(v)
+        elif isinstance(v, list):
+            out[key + ".n"] = float(len(v))
+    return out
+
+
 def _ratio(a: float, b: float) -> float | None:
     return a / b if abs(b) > 1e-12 else None
 
@@ -143,6 +164,7 @@ HEADLINES: dict[str, Callable[[dict[str, Any]], Headline]] = {
     "axis_map": axis_map,
     "windows": windows,
     "sae_causal": sae_causal,
+    "heads": heads,
 }
 
 
