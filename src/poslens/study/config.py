@@ -110,26 +110,32 @@ def preset(name: str, **changes: Any) -> StudyConfig:
                 "data.n_test=300",
             ),
             analysis_set=(
-                "windows.axis_windows=false", "windows.prefix_ks=0,1", "windows.probe_curves=false",
+                "windows.axis_windows=false", "windows.prefix_ks=0", "windows.probe_curves=false",
                 "position_removal.n_planes=4", "position_removal.draws=2",
-                "heads.draws=2", "sae_causal.sites=blocks.0.hook_resid_pre",
-                "sae_causal.train_images=200", "sae_causal.epochs=2", "sae_causal.doses=4",
-                "sae_causal.draws=2",
+                "heads.units=head", "heads.cumulative=1", "heads.axis_windows=false",
+                "heads.rebuild_probes=false", "heads.draws=2",
+                "sae_causal.sites=blocks.0.hook_resid_pre", "sae_causal.train_images=200",
+                "sae_causal.epochs=2", "sae_causal.doses=4", "sae_causal.draws=2",
             ),
             n_images=100,
             probe_images=80,
+            only=("sae_causal=ape,sincos",),
         )  # fmt: skip
     elif name == "default":
         cfg = StudyConfig(
             preset="default",
             train_set=(*_SMALL, "train.steps=1200", "train.eval_every=200"),
             analysis_set=(
-                "windows.prefix_ks=0,1,2,3", "windows.probe_curves=false",
-                "position_removal.draws=3", "sae_causal.train_images=600", "sae_causal.epochs=4",
-                "sae_causal.doses=4,8,16", "sae_causal.draws=2",
+                "position_removal.n_planes=4", "position_removal.draws=3",
+                "windows.prefix_ks=0,2,4", "windows.axis_windows=false",
+                "windows.probe_curves=false",
+                "heads.units=head", "heads.cumulative=1,2", "heads.rebuild_probes=false",
+                "sae_causal.train_images=600", "sae_causal.epochs=4", "sae_causal.doses=8",
+                "sae_causal.draws=2",
             ),
-            n_images=300,
+            n_images=200,
             probe_images=150,
+            only=("sae_causal=ape,sincos",),
         )  # fmt: skip
     else:  # the original protocol's sizes, for a GPU
         cfg = StudyConfig(
