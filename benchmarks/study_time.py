@@ -7,7 +7,7 @@ tool to compare with; the issue's budgets are the yardstick: quick <= 3 min, def
 on 2 cores.
 
     PYTHONPATH=src python benchmarks/study_time.py [--presets quick,default] [--out DIR]
-        [--threads 0] [--json timings.json]
+        [--jobs 0] [--threads 0] [--json timings.json]
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from poslens.study import preset, run_study
 BUDGET = {"quick": 180.0, "default": 1200.0}
 
 
-def time_preset(name: str, out: Path, threads: int) -> dict[str, object]:
+def time_preset(name: str, out: Path, threads: int, jobs: int) -> dict[str, object]:
     start = time.perf_counter()
-    res = run_study(preset(name), out, progress=False, threads=threads)
+    res = run_study(preset(name), out, progress=False, threads=threads, jobs=jobs)
     wall = time.perf_counter() - start
     per_kind: dict[str, float] = defaultdict(float)
     for s in res["timings"]["stages"]:
@@ -47,7 +47,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--presets", default="quick,default")
     ap.add_argument("--out", help="parent folder for the studies (default: a temporary one)")
-    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: all cores)")
+    ap.add_argument(
+        "--jobs", type=int, default=0, help="parallel runs (0: one per core, as the CLI)"
+    )
+    ap.add_argument(
+        "--threads", type=int, default=0, help="torch threads per job (0: cores / jobs)"
+    )
     ap.add_argument("--json", help="also write the timings here")
     args = ap.parse_args()
     parent = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="poslens-study-"))
@@ -56,7 +61,7 @@ def main() -> None:
         out = parent / name
         if out.exists() and any(out.iterdir()):
             raise SystemExit(f"{out} is not empty: the benchmark times a study from nothing")
-        rows.append(time_preset(name, out, args.threads))
+        rows.append(time_preset(name, out, args.threads, args.jobs))
         r = rows[-1]
         print(f"\n{name}: {r['wall_seconds']:.0f} s (budget {r['budget_seconds']:.0f} s)")
         for stage, sec in r["stages"].items():  # type: ignore[union-attr]
