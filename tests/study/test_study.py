@@ -95,11 +95,16 @@ def test_aggregate_matches_the_per_seed_headlines(study: tuple[Path, dict[str, A
     assert ssdc[0] != ssdc[1]
 
 
-def test_rerun_reuses_everything_and_is_identical(study: tuple[Path, dict[str, Any]]) -> None:
+def test_rerun_reuses_everything_and_is_identical(
+    study: tuple[Path, dict[str, Any]], capfd: pytest.CaptureFixture[str]
+) -> None:
     out, res = study
-    again = run_study(TINY_STUDY, out, progress=False)
+    again = run_study(TINY_STUDY, out, progress=True)
     assert all(s["reused"] for s in again["timings"]["stages"])
     assert _strip(again) == _strip(res)
+    shown = capfd.readouterr().err  # the progress display: stage, model, seed, ETA
+    assert "sae_causal" in shown and "rope_axial" in shown and "seed 1" in shown
+    assert "ETA" in shown and "28/28" in shown
 
 
 def test_interrupted_stage_is_redone_and_others_kept(
@@ -288,3 +293,20 @@ def test_heads_verdict_needs_held_out_rebuilders_linked_to_specialization() -> N
     h["specialized_heads"] = [0.0, 2.0]
     claim = heads_rebuild(_models({"heads": h}, "rope_axial", 2))
     assert claim["verdict"] == NOT_SUPPORTED and "specialized" in claim["summary"]
+
+
+def test_train_set_items_can_target_one_encoding() -> None:
+    from poslens.study.run import checkpoint_dir, run_config
+
+    cfg = StudyConfig(train_set=("model.dim=64", "train.steps=1200", "ape:train.steps=2000"))
+    ape, rope = run_config(cfg, "ape", 0), run_config(cfg, "rope_axial", 0)
+    assert (ape.train.steps, rope.train.steps) == (2000, 1200)
+    assert ape.model.dim == rope.model.dim == 64 and run_config(cfg, "ape", 1).train.seed == 1
+    # the checkpoint key follows the config: seeds, steps and threads-independence
+    out = Path("/x")
+    assert checkpoint_dir(out, "ape", 0, ape) != checkpoint_dir(
+        out, "ape", 0, run_config(cfg, "ape", 1)
+    )
+    assert checkpoint_dir(out, "ape", 0, ape) == checkpoint_dir(
+        out, "ape", 0, run_config(cfg, "ape", 0, threads=1)
+    )

@@ -23,7 +23,8 @@ class StudyConfig:
     """Everything that decides a study's results (the output folder and progress do not).
 
     train_set / analysis_set are `section.field=value` / `experiment.field=value` overrides, the
-    same syntax as `poslens train --set` and `poslens analyze --set`, applied to every model.
+    same syntax as `poslens train --set` and `poslens analyze --set`, applied to every model;
+    a train_set item prefixed with an encoding (`ape:train.steps=2000`) applies to that one only.
     """
 
     preset: str = "default"
@@ -67,6 +68,12 @@ class StudyConfig:
     def to_dict(self) -> dict[str, Any]:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
 
+    def train_changes(self, model: str) -> list[str]:
+        """train_set items for one model: unprefixed ones, then those prefixed `model:`."""
+        common = [t for t in self.train_set if _model_prefix(t) is None]
+        own = [t.split(":", 1)[1] for t in self.train_set if _model_prefix(t) == model]
+        return common + own
+
     def skips(self, experiment: str) -> set[str]:
         """The study's models that `only` excludes from this experiment."""
         for item in self.only:
@@ -84,6 +91,12 @@ class StudyConfig:
             if exp == experiment:
                 out[fld] = value
         return out
+
+
+def _model_prefix(item: str) -> str | None:
+    """ "ape:train.steps=2000" -> "ape" (an override for one encoding only); else None."""
+    head, colon, _ = item.partition(":")
+    return head if colon and head in POSENCS else None
 
 
 def config_hash(d: dict[str, Any]) -> str:

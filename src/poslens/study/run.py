@@ -67,7 +67,7 @@ class Stage:
 
 def run_config(cfg: StudyConfig, model: str, seed: int, threads: int = 0) -> RunConfig:
     """The training config of one model and seed: the encoding's preset plus the study's changes."""
-    sets = [*cfg.train_set, f"train.seed={seed}", f'data.task="{cfg.task}"']
+    sets = [*cfg.train_changes(model), f"train.seed={seed}", f'data.task="{cfg.task}"']
     if threads:
         sets.append(f"train.threads={threads}")
     return apply_overrides(preset(model), sets)
