@@ -212,6 +212,10 @@ def test_cumulative_top_k_and_random_draws(planted_result: heads.Heads) -> None:
         assert top2.meta["units"] == [c.meta["unit"] for c in ranked[:2]]
         rand = [c for c in cum if c.meta["kind"] == kind and c.meta["selection"] == "random"]
         assert len(rand) == 2 and {c.meta["k"] for c in rand} == {1, 2}  # one draw per k
+    table = planted_result.top_k_vs_random("block_head")
+    assert [t["k"] for t in table] == [1, 2] and all(t["draws"] == 1 for t in table)
+    rand2 = next(c for c in cum if c.meta["selection"] == "random" and c.meta["k"] == 2)
+    assert table[1]["random"] == rand2.meta["damage"]
     # the two planted block-0 heads together remove both axes at site 1
     both = next(
         c
@@ -295,6 +299,10 @@ def test_verdict_and_consistency(planted_result: heads.Heads) -> None:
     reb = v["rebuilding/block_head"]
     assert reb["tests"] == HEADS and isinstance(v["any_rebuilder"], bool)
     assert v["any_rebuilder"] == bool(reb["rebuilders"]) and "rebuilding/head" not in v
+    for r in planted_result.rebuild("all", "block_head"):
+        assert (r.unit in reb["rebuilders"]) == (r.excess.mean > 2 * r.excess.se)
+        assert (r.unit in reb["cheaper_after_window"]) == (r.excess.mean < -2 * r.excess.se)
+    assert v["carrying/block_head"]["top_k_vs_random"][1]["top"] > 0
     assert reb["held_out"]["n"] == 100
     corr = planted_result.consistency()
     assert corr["carrying_vs_abs_spec/block_head"]["n"] == HEADS

@@ -622,22 +622,7 @@ class Heads:
                 continue
             top = carried[0]
             entry: dict[str, Any] = {"top_carrier": top.meta["unit"], "damage": top.meta["damage"]}
-            cum = [c for c in self.cumulative if c.meta["kind"] == kind]
-            if cum:
-                k = max(c.meta["k"] for c in cum)
-                tops = [c for c in cum if c.meta["k"] == k and c.meta["selection"] == "top"]
-                rand = [
-                    c.meta["damage"]
-                    for c in cum
-                    if c.meta["k"] == k and c.meta["selection"] == "random"
-                ]
-                entry |= {"k": k, "top_k_damage": tops[0].meta["damage"] if tops else math.nan}
-                entry["random_k_damage"] = float(np.mean(rand)) if rand else math.nan
-                entry["random_k_damage_se"] = (
-                    float(np.std(rand, ddof=1) / math.sqrt(len(rand)))
-                    if len(rand) > 1
-                    else math.nan
-                )
+            entry["top_k_vs_random"] = self.top_k_vs_random(kind)
             out[f"carrying/{kind}"] = entry
         if not self.rebuilding:
             out["rebuilding"] = "not measured: " + "; ".join(self.notes)
@@ -661,12 +646,16 @@ class Heads:
             if not rows:
                 continue
             rebuilders = [r.unit for r in rows if r.excess.mean > Z * r.excess.se]
+            # heads that matter *less* after the window: a generic "everything costs more once
+            # the model is perturbed" would leave none of these
+            cheaper = [r.unit for r in rows if r.excess.mean < -Z * r.excess.se]
             beyond = [r.unit for r in rows if r.ratio_minus_blocks > Z * r.ratio_minus_blocks_se]
             any_rebuilder |= bool(rebuilders)
             top = max(rows, key=lambda r: r.excess.mean)
             entry = {
                 "rebuilders": rebuilders,
                 "rebuilders_beyond_block_ratio": beyond,
+                "cheaper_after_window": cheaper,
                 "tests": len(rows),
                 "expected_false_positives": len(rows) * ONE_SIDED_2SE,
                 "top": top.unit,
@@ -684,6 +673,32 @@ class Heads:
         out["any_rebuilder"] = any_rebuilder
         for key, corr in self.consistency().items():
             out[f"consistency/{key}"] = corr
+        return out
+
+    def top_k_vs_random(self, kind: str) -> list[dict[str, Any]]:
+        """Per k: damage of the top-k units masked together, and of k random units (mean and
+        SE over draws). The top k are ranked on the same images, which favours them a little."""
+        cum = [c for c in self.cumulative if c.meta["kind"] == kind]
+        out = []
+        for k in sorted({c.meta["k"] for c in cum}):
+            top = [
+                c.meta["damage"] for c in cum if c.meta["k"] == k and c.meta["selection"] == "top"
+            ]
+            rand = [
+                c.meta["damage"]
+                for c in cum
+                if c.meta["k"] == k and c.meta["selection"] == "random"
+            ]
+            se = float(np.std(rand, ddof=1) / math.sqrt(len(rand))) if len(rand) > 1 else math.nan
+            out.append(
+                {
+                    "k": k,
+                    "top": top[0] if top else math.nan,
+                    "random": float(np.mean(rand)) if rand else math.nan,
+                    "random_se": se,
+                    "draws": len(rand),
+                }
+            )
         return out
 
     def _held_out(self, rows: list[Rebuild]) -> dict[str, Any]:
