@@ -137,7 +137,9 @@ def preset(name: str, **changes: Any) -> StudyConfig:
     elif name == "default":
         cfg = StudyConfig(
             preset="default",
-            train_set=(*_SMALL, "train.steps=1200", "train.eval_every=200"),
+            # APE learns its table slowly: 1,200 steps left it at 52-66% test accuracy at this
+            # width, 2,000 reach 94% validation accuracy (RoPE-Axial: 94% at 1,200).
+            train_set=(*_SMALL, "train.steps=1200", "ape:train.steps=2000", "train.eval_every=200"),
             analysis_set=(
                 "position_removal.n_planes=4", "position_removal.draws=3",
                 "windows.prefix_ks=0,2,4", "windows.axis_windows=false",
