@@ -234,7 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--experiments",
         default="all",
         help="comma-separated: depth_profile,position_removal,axis_map,windows,components,"
-        "resolution,prefix_attention,sae_causal (default: all that apply)",
+        "resolution,prefix_attention,heads,sae_causal (default: all that apply)",
     )
     a.add_argument("--out", required=True, help="folder for JSON, CSV and figures")
     a.add_argument("--images", type=int, default=500, help="evaluation images (default 500)")

@@ -62,7 +62,7 @@ class Stage:
 
     @property
     def label(self) -> str:
-        return f"{self.kind:<16} {self.model:<11} seed {self.seed}"
+        return f"{self.kind} {self.model} seed {self.seed}"
 
 
 def run_config(cfg: StudyConfig, model: str, seed: int, threads: int = 0) -> RunConfig:
@@ -115,7 +115,7 @@ def _progress(enabled: bool) -> Iterator[Progress | None]:
         TimeElapsedColumn(),
         TextColumn("ETA"),
         TimeRemainingColumn(),
-        console=Console(file=sys.stderr),
+        console=Console(file=sys.stderr, width=max(120, Console(file=sys.stderr).width)),
     ) as bar:
         yield bar
 
@@ -281,11 +281,12 @@ def run_study(
                 running[st.model, st.seed] = st.label
             else:
                 done += 1
+                running.pop((st.model, st.seed), None)
             if bar is not None and task is not None:
                 bar.update(
                     task,
                     advance=st.weight if kind == "done" else 0,
-                    description=" | ".join(running.values()),
+                    description=" | ".join(running.values()) or f"finished {st.label}",
                     done=f"{done}/{stages_total}",
                 )
 
