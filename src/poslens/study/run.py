@@ -311,6 +311,7 @@ def run_study(
                         results_by_run[key] = pending.pop(key).get()  # re-raises worker errors
                 while not events.empty():
                     on_event(*events.get())
+    runs_seconds = time.perf_counter() - start
     runs = {m: [results_by_run[m, s][0] for s in range(cfg.seeds)] for m in cfg.models}
     timings = [t for key in runs_todo for t in results_by_run[key][1]]
     models = {
@@ -330,6 +331,7 @@ def run_study(
         "figures": study_figures(out, models, cfg),
         "timings": {
             "total_seconds": round(time.perf_counter() - start, 1),
+            "runs_seconds": round(runs_seconds, 1),  # training and experiments, all runs
             "stages": timings,
         },
     }
