@@ -310,6 +310,7 @@ def rope_rebuilds(models: Models) -> dict[str, Any]:
     if not views:
         return _missing(cid, title, "no RoPE model with the windows experiment in this study")
     evidence, controls, caveats, oks, seeds = [], [], [], [], []
+    ordinary: list[str] = []
     e = "windows"
     for v in views:
         ks = sorted(
@@ -340,6 +341,7 @@ def rope_rebuilds(models: Models) -> dict[str, Any]:
                 "rotations removed instead: what they contribute anyway)"
             )
             if not after > anyway:
+                ordinary.append(f"{after:.2f} vs {anyway:.2f}")
                 caveats.append(
                     f"{v.model}: after the window the later blocks add no more structure than they "
                     "add anyway: rebuilding is their ordinary contribution, not compensation."
@@ -355,6 +357,11 @@ def rope_rebuilds(models: Models) -> dict[str, Any]:
         if all(oks)
         else "Withheld position does not come back to half of the intact-minus-floor gap in every seed."
     )
+    if ordinary:
+        summary += (
+            " The later blocks add no more than they add when nothing is withheld (RPI-SSDC at the "
+            f"output {', '.join(ordinary)}): their ordinary contribution, not compensation."
+        )
     return _claim(
         cid,
         title,
