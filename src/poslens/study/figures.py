@@ -70,6 +70,7 @@ def windows(models: dict[str, Agg]) -> Figure | None:
         for ax, key, scale in ((ax1, "retention_ssdc_out", 1), (ax2, "accuracy", 100)):
             v = [_get(agg, f"prefix_{k}.{key}", scale) for k in ks]
             ax.errorbar(ks, [a for a, _ in v], yerr=[s for _, s in v], fmt="o-", capsize=2, label=m)
+            ax.set_xticks(ks)
     ax1.set(xlabel="rotations withheld in blocks 0..k", ylabel="retention",
             title="RPI-SSDC at the output (0 = floor, 1 = intact)")  # fmt: skip
     ax2.set(xlabel="rotations withheld in blocks 0..k", ylabel="accuracy (%)", ylim=(0, 105),
