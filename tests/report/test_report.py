@@ -303,3 +303,13 @@ def test_empty_results_still_render(tmp_path: Path) -> None:
     html = render_html({}, tmp_path)
     assert 'id="claims"' in html and "No claims were evaluated" in html
     assert "# poslens study report" in render_markdown({})
+
+
+def test_summary_says_when_stages_were_reused() -> None:
+    from poslens.report.common import summary
+
+    res = {"config": {"seeds": 1}, "timings": {"total_seconds": 3.0, "stages": [
+        {"stage": "train", "reused": True}, {"stage": "depth_profile", "reused": False}]}}  # fmt: skip
+    assert "(1 of 2 stages reused from an earlier run)" in summary(res)
+    res["timings"]["stages"][0]["reused"] = False
+    assert "reused" not in summary(res)

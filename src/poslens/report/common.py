@@ -116,6 +116,15 @@ def verdict_counts(results: Mapping[str, Any]) -> dict[str, int]:
     return counts
 
 
+def _reused_note(results: Mapping[str, Any]) -> str:
+    """' (N of M stages reused from an earlier run)' when a rerun reused finished stages."""
+    stages = (results.get("timings") or {}).get("stages") or []
+    reused = sum(1 for st in stages if st.get("reused"))
+    if not reused:
+        return ""
+    return f" ({reused} of {len(stages)} stages reused from an earlier run)"
+
+
 def summary(results: Mapping[str, Any]) -> str:
     """The one-paragraph summary under the title: what ran, how long, and the verdict tally."""
     cfg = results.get("config") or {}
@@ -126,7 +135,9 @@ def summary(results: Mapping[str, Any]) -> str:
         f"This study trained and analysed {len(names)} model{'s' if len(names) != 1 else ''}"
         f" ({', '.join(names) or NONE}) with {fmt_value(seeds)} seed"
         f"{'s' if seeds != 1 else ''} each, preset {fmt_value(cfg.get('preset'))}"
-        f", task {fmt_value(cfg.get('task'))}, in {fmt_duration(wall)} of wall time."
+        f", task {fmt_value(cfg.get('task'))}, in {fmt_duration(wall)} of wall time"
+        + _reused_note(results)
+        + "."
     ]
     claims = results.get("claims") or []
     if claims:
