@@ -175,3 +175,15 @@ def test_train_cli_prints_the_accuracy_table(
         tmp_path / "none" / "model.safetensors"
     ).is_file()
     assert (tmp_path / "learning_curves.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_atomic_writes_get_the_usual_permissions(tmp_path: Path) -> None:
+    """Files are written via mkstemp (0600); the result must follow the umask like open() does."""
+    import os
+
+    path = tmp_path / "a.json"
+    write_json(path, {"a": 1})
+    mask = os.umask(0)
+    os.umask(mask)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~mask
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
