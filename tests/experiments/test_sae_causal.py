@@ -82,3 +82,24 @@ def test_matched_random_avoids_positional_and_matches_rate() -> None:
     chosen = sae_causal.matched_random(codes, np.array([0, 11]), 2, seed=0)
     assert len(chosen) == 2 and not set(chosen) & {0, 11}
     assert chosen[0] in (1, 2, 3) and chosen[1] in (8, 9, 10)  # nearest firing rates
+
+
+def test_resampling_from_another_image_of_the_same_scene_changes_nothing() -> None:
+    """The "other image" control is spliced +error: with identical images it is the identity,
+    so any effect it shows comes from real differences between images, not from reconstruction."""
+    from poslens.sae import TopKSAE
+
+    m = tiny("ape", num_classes=16)
+    sae = TopKSAE(m.cfg.dim, 2 * m.cfg.dim, k=4, seed=0, site="blocks.1.hook_resid_pre")
+    x = torch.randn(1, 1, 16, 16, generator=torch.Generator().manual_seed(3)).repeat(4, 1, 1, 1)
+    lat = np.arange(sae.d_sae // 2)
+    with torch.no_grad():
+        clean = m(x)
+        with sae_causal.spliced(sae, sae_causal.resample(lat, "other_image", 0), with_error=True)(
+            m
+        ):
+            same = m(x)
+        with sae_causal.spliced(sae, sae_causal.resample(lat, "other_image", 0))(m):
+            plain = m(x)
+    torch.testing.assert_close(same, clean, rtol=0, atol=1e-5)
+    assert (plain - clean).abs().max() > 1e-3  # the plain splice carries the reconstruction error

@@ -5,11 +5,13 @@ reported side by side because decodability and use differ by site. The top 4, 8,
 all positional latents (ordered by positional score) are zeroed and we measure accuracy and
 margin (paired SE), RPI-SSDC per site, and exact/row/column probes at the SAE's site and at the
 output. Every dose is run as the plain splice (the reconstruction with the edit) and as
-"+error" (x + D(z') - D(z): only the edited latents move). Controls: the reconstruction alone
-(the confound: what splicing does before any latent is touched), uniform random latents and
-random latents matched on firing rate and activation mass (several draws), mean ablation of the
-positional set, and resampling its values from the same position in another image (should do
-nothing) or from another position in the same image (should break position).
+"+error" (x + D(z') - D(z): only the edited latents move). Controls, all spliced "+error" like
+the primary dose so that they differ from it only in which latents move: uniform random latents
+and random latents matched on firing rate and activation mass (several draws), mean ablation of
+the positional set, and resampling its values from the same position in another image (should do
+nothing) or from another position in the same image (should break position). The plain splices
+sit beside the reconstruction alone, which measures the confound (what splicing does before any
+latent is touched; large where the SAE's error carries position, e.g. RoPE residuals).
 """
 
 from __future__ import annotations
@@ -381,19 +383,37 @@ def run_site(
             uni = rng.choice(non_pos, size=min(n, len(non_pos)), replace=False)
             meta = {"n": n, "draw": d}
             conds.append(
-                (f"uniform_{n}/{d}", spliced(sae, zero(uni)), {"family": "uniform"} | meta)
+                (
+                    f"uniform_{n}/{d}",
+                    spliced(sae, zero(uni), with_error=True),
+                    {"family": "uniform"} | meta,
+                )
             )
             mat = matched_random(codes, lat, n, seed=cfg.seed * 100 + d)
             conds.append(
-                (f"matched_{n}/{d}", spliced(sae, zero(mat)), {"family": "matched"} | meta)
+                (
+                    f"matched_{n}/{d}",
+                    spliced(sae, zero(mat), with_error=True),
+                    {"family": "matched"} | meta,
+                )
             )
     if len(lat):
         meta = {"n": len(lat)}
-        conds.append(("mean_all", spliced(sae, set_to(lat, mean_F)), {"family": "mean"} | meta))
+        conds.append(
+            (
+                "mean_all",
+                spliced(sae, set_to(lat, mean_F), with_error=True),
+                {"family": "mean"} | meta,
+            )
+        )
         for how in ("other_image", "other_position"):
             edit = resample(lat, how, cfg.seed)
             conds.append(
-                (f"resample_{how}", spliced(sae, edit), {"family": f"resample_{how}"} | meta)
+                (
+                    f"resample_{how}",
+                    spliced(sae, edit, with_error=True),
+                    {"family": f"resample_{how}"} | meta,
+                )
             )
     cfg_site = replace(cfg, probe_block=idx)
     results, probes = [], {}
