@@ -20,9 +20,20 @@ def load(spec: str | Path, weights: str | Path | None = None, device: str = "cpu
     """Load a poslens checkpoint folder (config.json + model.safetensors) in eval mode.
 
     `spec` may also be the model.safetensors file itself; `weights` overrides the weights file.
+    `spec` "timm:NAME" converts timm model NAME with weights from a local .safetensors file
+    (`weights=PATH`) or timm's pretrained download (`weights="hub"`); needs the [timm] extra.
     """
     if isinstance(spec, str) and spec.startswith("timm:"):
-        raise UserError(f"{spec}: loading timm checkpoints is not supported in this version")
+        from poslens.models.timm_convert import load_timm
+
+        name = spec[len("timm:") :]
+        if not name:
+            raise UserError("timm: spec needs a model name, e.g. timm:vit_base_patch16_224")
+        if weights is None:
+            raise UserError(
+                f"{spec} needs weights: a local .safetensors file, or 'hub' to download them"
+            )
+        return load_timm(name, weights, device=device)
     path = Path(spec)
     if not path.exists():
         raise CheckpointError(f"checkpoint not found: {path}")

@@ -19,7 +19,8 @@ def test_same_seed_same_weights() -> None:
 
 
 @pytest.mark.parametrize(
-    "posenc", ["ape", "sincos", "rope_axial", "rope_mixed", "rope_axial_ape", "none"]
+    "posenc",
+    ["ape", "sincos", "rope_axial", "rope_mixed", "rope_axial_ape", "rope_mixed_ape", "none"],
 )
 def test_other_grids_run(posenc: str) -> None:
     model = tiny(posenc)

@@ -99,7 +99,7 @@ class AxisMapResult:
         )
         ax1.title.set_fontsize(8)
         fig.colorbar(im, ax=ax1, shrink=0.8)
-        if self.posenc == "rope_mixed":
+        if self.posenc.startswith("rope_mixed"):
             ax2.scatter(
                 a.direction_deg.ravel(), a.freq.ravel(), c=a.alignment.ravel(), cmap="viridis", s=8
             )

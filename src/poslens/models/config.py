@@ -8,7 +8,7 @@ from typing import Any
 from poslens._config import from_dict, one_of, positive_float, positive_int
 from poslens.errors import ConfigError
 
-POSENCS = ("ape", "sincos", "rope_axial", "rope_mixed", "rope_axial_ape", "none")
+POSENCS = ("ape", "sincos", "rope_axial", "rope_mixed", "rope_axial_ape", "rope_mixed_ape", "none")
 ROPE_LAYOUTS = ("interleaved", "half")
 POOLS = ("cls", "mean")
 
@@ -19,7 +19,8 @@ class ModelConfig:
 
     posenc: "ape" learned absolute; "sincos" fixed 2-D sinusoidal; "rope_axial" half the rotation
     planes of each head follow the column, half the row; "rope_mixed" learned 2-D frequencies per
-    block/head/plane; "rope_axial_ape" both rope_axial and a learned absolute embedding; "none".
+    block/head/plane; "rope_axial_ape" / "rope_mixed_ape" the rotary encoding plus a learned absolute
+    embedding (naver's RoPE+APE ViTs); "none".
     """
 
     image_size: int = 32
@@ -107,7 +108,7 @@ class ModelConfig:
     @property
     def uses_additive_pos(self) -> bool:
         """True when a position embedding is added to the patch tokens (APE or sincos)."""
-        return self.posenc in ("ape", "sincos", "rope_axial_ape")
+        return self.posenc in ("ape", "sincos", "rope_axial_ape", "rope_mixed_ape")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

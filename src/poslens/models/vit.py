@@ -122,12 +122,12 @@ class ViT(HookedModule):
         )
         self.pos_embed = (
             nn.Parameter(torch.zeros(1, g * g, D))
-            if cfg.posenc in ("ape", "rope_axial_ape")
+            if cfg.posenc in ("ape", "rope_axial_ape", "rope_mixed_ape")
             else None
         )
         self.rotary = (
             Rotary(
-                "mixed" if cfg.posenc == "rope_mixed" else "axial",
+                "mixed" if cfg.posenc.startswith("rope_mixed") else "axial",
                 cfg.depth,
                 cfg.heads,
                 cfg.head_dim,

@@ -90,7 +90,8 @@ class RunConfig:
 def preset(name: str) -> RunConfig:
     """The default small config with the named positional encoding (`poslens train --preset NAME`).
 
-    Presets are named after the encoding: ape, sincos, rope_axial, rope_mixed, rope_axial_ape, none.
+    Presets are named after the encoding: ape, sincos, rope_axial, rope_mixed, rope_axial_ape,
+    rope_mixed_ape, none.
     """
     if name not in POSENCS:
         raise ConfigError(f"unknown preset {name!r}; presets: {', '.join(POSENCS)}")

@@ -1,0 +1,332 @@
+"""Convert timm ViTs (learned APE, DeiT-III, naver RoPE-ViT) into the poslens ViT, exactly.
+
+The timm architecture is built with `timm.create_model(name, pretrained=False)` (no download), the
+weights come from a local safetensors file (never a pickle), and the converted model reproduces
+timm's forward: the same hooks, rotary masks and experiments then work unchanged.
+
+Conventions mapped (all exact, checked numerically at conversion time for rotary tables):
+- pos_embed that also covers the prefix tokens (timm `no_embed_class=False`) is folded into the
+  CLS / register tokens: a prefix token's embedding is constant, so cls + pos[0] is the same input.
+- LayerScale (DeiT-III `ls1.gamma` / `ls2.gamma`, EVA `gamma_1` / `gamma_2`) is folded into the
+  attention output projection and fc2: gamma * (W z + b) = (gamma W) z + gamma b. hook_attn_out /
+  hook_mlp_out then carry what is added to the residual, and hook_result still sums to it.
+- EVA qkv with separate q_bias / v_bias (k has no bias) becomes one qkv bias with zeros for k.
+- naver axial RoPE (RotaryEmbeddingCat, 'xy' indexing: column bands first, interleaved pairs,
+  bands temperature^(-i / (dh/4))) is poslens rope_axial with rope_theta = temperature; mixed
+  RoPE (RotaryEmbeddingMixed, freqs [2, depth, H, P]) is poslens rope_mixed with freqs [depth, H, P, 2].
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from poslens.errors import CheckpointError, ConfigError, UserError
+from poslens.io import load_tensors
+from poslens.models.config import ModelConfig
+from poslens.models.vit import ViT
+
+
+def import_timm() -> Any:
+    """The timm module, or a one-line UserError saying how to install it."""
+    try:
+        import timm
+    except ImportError:
+        raise UserError(
+            "timm: model specs need the timm package (pip install 'poslens[timm]')"
+        ) from None
+    return timm
+
+
+def create_timm(name: str, pretrained: bool = False, **kwargs: Any) -> nn.Module:
+    """Build timm model `name` (random weights unless `pretrained`, which downloads from the hub)."""
+    timm = import_timm()
+    if not timm.is_model(name):
+        raise UserError(f"unknown timm model {name!r} (list them with timm.list_models('vit_*'))")
+    try:
+        model = timm.create_model(name, pretrained=pretrained, **kwargs)
+    except (TypeError, ValueError, AssertionError, KeyError) as e:
+        raise UserError(f"timm could not build {name!r}: {str(e).splitlines()[0]}") from None
+    except (OSError, RuntimeError) as e:  # hub download failures (offline, no such file)
+        if not pretrained:
+            raise
+        raise UserError(
+            f"timm could not fetch pretrained weights for {name!r}: {str(e).splitlines()[0]}"
+        ) from None
+    return model.eval()
+
+
+def load_timm_weights(model: nn.Module, name: str, path: str | Path) -> None:
+    """Load a local safetensors state dict (timm key names) into a timm model, checking every tensor."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"weights file not found: {path}")
+    state = load_tensors(path)
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(state))
+    extra = sorted(set(state) - set(expected))
+    if missing:
+        raise CheckpointError(
+            f"{path} does not fit timm:{name}: missing tensor {missing[0]} ({len(missing)} missing)"
+        )
+    if extra:
+        raise CheckpointError(
+            f"{path} does not fit timm:{name}: unexpected tensor {extra[0]} ({len(extra)} extra)"
+        )
+    for k, v in state.items():
+        if v.shape != expected[k].shape:
+            raise CheckpointError(
+                f"{path} does not fit timm:{name}: tensor {k} has shape {tuple(v.shape)}, "
+                f"the model needs {tuple(expected[k].shape)}"
+            )
+    model.load_state_dict(state)
+
+
+def _unsupported(name: str, what: str) -> UserError:
+    return UserError(f"timm:{name} is not supported: {what}")
+
+
+def _is_identity(m: Any) -> bool:
+    return m is None or isinstance(m, nn.Identity)
+
+
+def _square(v: Any, what: str, name: str) -> int:
+    a, b = (v, v) if isinstance(v, int) else tuple(v)
+    if a != b:
+        raise _unsupported(name, f"non-square {what} {a}x{b}")
+    return int(a)
+
+
+def _layer_norm_eps(m: nn.Module, name: str, where: str) -> float:
+    if type(m).__name__ not in ("LayerNorm",) or not isinstance(m, nn.LayerNorm):
+        raise _unsupported(name, f"{where} is {type(m).__name__}, poslens uses LayerNorm")
+    if not m.elementwise_affine or m.bias is None:
+        raise _unsupported(name, f"{where} has no affine weight and bias")
+    return float(m.eps)
+
+
+def _qkv(attn: nn.Module, dim: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Fused qkv weight [3D, D] and bias [3D] (None without bias) of a timm / EVA attention."""
+    if getattr(attn, "qkv", None) is not None:
+        w = attn.qkv.weight
+        b = attn.qkv.bias
+        if b is None and getattr(attn, "q_bias", None) is not None:  # EVA: k has no bias
+            b = torch.cat([attn.q_bias, torch.zeros_like(attn.q_bias), attn.v_bias])
+        return w, b
+    projs = (attn.q_proj, attn.k_proj, attn.v_proj)
+    w = torch.cat([p.weight for p in projs])
+    if all(p.bias is None for p in projs):
+        return w, None
+    b = torch.cat([p.bias if p.bias is not None else torch.zeros(dim) for p in projs])
+    return w, b
+
+
+def _gamma(block: nn.Module, which: int) -> torch.Tensor | None:
+    """LayerScale gamma of the attention (1) or MLP (2) branch, or None."""
+    ls = getattr(block, f"ls{which}", None)  # timm VisionTransformer Block
+    if ls is not None and not isinstance(ls, nn.Identity):
+        return ls.gamma
+    return getattr(block, f"gamma_{which}", None)  # EVA block
+
+
+def _check_block(block: nn.Module, name: str) -> None:
+    """Refuse block features poslens' Block cannot reproduce (qk-norm, SwiGLU, gating, ...)."""
+    kind = type(block).__name__
+    if kind not in ("Block", "EvaBlock"):
+        raise _unsupported(name, f"block type {kind} (poslens has pre-norm Block / EvaBlock)")
+    attn, mlp = block.attn, block.mlp
+    if type(attn).__name__ not in ("Attention", "AttentionRope", "EvaAttention"):
+        raise _unsupported(name, f"attention type {type(attn).__name__}")
+    for sub in ("q_norm", "k_norm", "norm"):
+        if not _is_identity(getattr(attn, sub, None)):
+            raise _unsupported(name, f"attention has {sub} (qk / scale norm)")
+    if getattr(attn, "gate", None) is not None:
+        raise _unsupported(name, "gated attention")
+    if getattr(attn, "num_kv_groups", 1) != 1:
+        raise _unsupported(name, "grouped-query attention")
+    if getattr(attn.proj, "bias", None) is None:
+        raise _unsupported(name, "attention projection without bias")
+    if type(mlp).__name__ != "Mlp" or not _is_identity(getattr(mlp, "norm", None)):
+        raise _unsupported(name, f"MLP type {type(mlp).__name__} (poslens uses a GELU Mlp)")
+    act = mlp.act
+    if not isinstance(act, nn.GELU) or act.approximate != "none":
+        raise _unsupported(name, f"MLP activation {act} (poslens uses exact GELU)")
+    if mlp.fc1.bias is None or mlp.fc2.bias is None:
+        raise _unsupported(name, "MLP without biases")
+
+
+def _rotary(tm: nn.Module, name: str, head_dim: int) -> tuple[str, float, torch.Tensor | None]:
+    """(kind, theta, mixed freqs [depth, H, P, 2] or None) of a timm rotary embedding."""
+    rope = tm.rope
+    kind = type(rope).__name__
+    if kind == "RotaryEmbeddingCat":
+        if rope.in_pixels or rope.grid_type != "index" or rope.ref_feat_shape is not None:
+            raise _unsupported(name, "rotary embedding on pixel / rescaled coordinates")
+        if rope.grid_offset != 0 or rope.rotate_half or rope.dim != head_dim:
+            raise _unsupported(name, "rotary embedding with offset, half layout or partial dims")
+        if rope.grid_indexing != "xy":
+            raise _unsupported(name, "axial rotary embedding with row bands first ('ij')")
+        return "axial", float(rope.temperature), None
+    if kind == "RotaryEmbeddingMixed":
+        freqs = rope.freqs.detach()  # [2, depth, H, P]: freqs[0] multiplies t_x, freqs[1] t_y
+        if rope.grid_indexing == "ij":  # t_x is then the row coordinate
+            freqs = freqs.flip(0)
+        return "mixed", float(rope.temperature), freqs.permute(1, 2, 3, 0).contiguous()
+    raise _unsupported(name, f"rotary embedding {kind}")
+
+
+def convert(tm: nn.Module, name: str) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """ModelConfig and poslens state dict reproducing a timm VisionTransformer / Eva in eval mode."""
+    arch = type(tm).__name__
+    if arch not in ("VisionTransformer", "Eva"):
+        raise _unsupported(name, f"architecture {arch} (poslens converts VisionTransformer, Eva)")
+    pe = tm.patch_embed
+    if not _is_identity(getattr(pe, "norm", None)) or getattr(pe, "dynamic_img_pad", False):
+        raise _unsupported(name, "patch embedding with norm or padding")
+    if not _is_identity(getattr(tm, "norm_pre", None)):
+        raise _unsupported(name, "pre-transformer norm (norm_pre)")
+    if getattr(tm, "attn_pool", None) is not None:
+        raise _unsupported(name, "attention pooling head (global_pool='map')")
+    if not _is_identity(getattr(tm, "fc_norm", None)):
+        raise _unsupported(name, "fc_norm after pooling (poslens normalises tokens before pooling)")
+    if not isinstance(tm.head, nn.Linear):
+        raise _unsupported(name, "no linear classifier head (num_classes=0)")
+    if getattr(tm, "pool_include_prefix", False):
+        raise _unsupported(name, "pooling that includes prefix tokens")
+    pool = {"token": "cls", "avg": "mean"}.get(tm.global_pool)
+    if pool is None:
+        raise _unsupported(name, f"global_pool={tm.global_pool!r} (poslens pools 'token' or 'avg')")
+    blocks = list(tm.blocks)
+    for b in blocks:
+        _check_block(b, name)
+    b0 = blocks[0]
+    dim = int(tm.embed_dim)
+    heads = int(b0.attn.num_heads)
+    if b0.attn.head_dim * heads != dim:
+        raise _unsupported(name, "attention head dimension other than dim / heads")
+    hidden = b0.mlp.fc1.out_features
+    eps = {_layer_norm_eps(tm.norm, name, "final norm")}
+    for i, b in enumerate(blocks):
+        eps |= {_layer_norm_eps(b.norm1, name, f"blocks.{i}.norm1")}
+        eps |= {_layer_norm_eps(b.norm2, name, f"blocks.{i}.norm2")}
+        if b.mlp.fc1.out_features != hidden or b.attn.num_heads != heads:
+            raise _unsupported(name, "blocks of different widths")
+    if len(eps) != 1:
+        raise _unsupported(name, f"LayerNorms with different eps {sorted(eps)}")
+    num_registers = 0 if tm.reg_token is None else int(tm.reg_token.shape[1])
+    has_cls = tm.cls_token is not None
+    num_prefix = int(has_cls) + num_registers
+
+    rope = getattr(tm, "rope", None)
+    mixed_freqs = None
+    theta = ModelConfig.rope_theta
+    if rope is None:
+        posenc = "ape" if tm.pos_embed is not None else "none"
+    else:
+        kind, theta, mixed_freqs = _rotary(tm, name, dim // heads)
+        posenc = f"rope_{kind}" + ("_ape" if tm.pos_embed is not None else "")
+    try:
+        cfg = ModelConfig(
+            image_size=_square(pe.img_size, "image size", name),
+            patch_size=_square(pe.patch_size, "patch size", name),
+            in_chans=int(pe.proj.in_channels),
+            num_classes=int(tm.head.out_features),
+            dim=dim,
+            depth=len(blocks),
+            heads=heads,
+            mlp_ratio=hidden / dim,
+            posenc=posenc,
+            rope_theta=theta,
+            rope_layout="interleaved",
+            cls_token=has_cls,
+            num_registers=num_registers,
+            pool=pool,
+            qkv_bias=_qkv(b0.attn, dim)[1] is not None,
+            norm_eps=eps.pop(),
+        )
+    except ConfigError as e:
+        raise _unsupported(name, str(e)) from None
+    if int(cfg.dim * cfg.mlp_ratio) != hidden:
+        raise _unsupported(name, f"MLP width {hidden} is not dim x a ratio poslens reproduces")
+
+    sd: dict[str, torch.Tensor] = {}
+    w = pe.proj.weight
+    sd["patch_embed.weight"] = w
+    sd["patch_embed.bias"] = pe.proj.bias if pe.proj.bias is not None else w.new_zeros(dim)
+    prefix = [t for t in (tm.cls_token, tm.reg_token) if t is not None]
+    prefix_t = torch.cat(prefix, dim=1) if prefix else None  # [1, num_prefix, D]
+    if tm.pos_embed is not None:
+        pos = tm.pos_embed  # [1, (num_prefix if embedded) + N, D]
+        n_patch = cfg.grid**2
+        if pos.shape[1] == n_patch + num_prefix and num_prefix and not tm.no_embed_class:
+            assert prefix_t is not None
+            prefix_t = prefix_t + pos[:, :num_prefix]  # constant per prefix token: fold it in
+            pos = pos[:, num_prefix:]
+        if pos.shape[1] != n_patch:
+            raise _unsupported(name, f"pos_embed of {pos.shape[1]} tokens for {n_patch} patches")
+        sd["pos_embed"] = pos
+    if has_cls:
+        assert prefix_t is not None
+        sd["cls_token"] = prefix_t[:, :1]
+    if num_registers:
+        assert prefix_t is not None
+        sd["reg_tokens"] = prefix_t[:, int(has_cls) :]
+    if mixed_freqs is not None:
+        sd["rotary.freqs"] = mixed_freqs
+    for i, b in enumerate(blocks):
+        p = f"blocks.{i}."
+        qkv_w, qkv_b = _qkv(b.attn, dim)
+        sd[p + "attn.qkv.weight"] = qkv_w
+        if qkv_b is not None:
+            sd[p + "attn.qkv.bias"] = qkv_b
+        for ours, theirs, branch in (("attn.proj", b.attn.proj, 1), ("mlp.fc2", b.mlp.fc2, 2)):
+            g = _gamma(b, branch)
+            sd[p + ours + ".weight"] = theirs.weight if g is None else g[:, None] * theirs.weight
+            sd[p + ours + ".bias"] = theirs.bias if g is None else g * theirs.bias
+        sd[p + "mlp.fc1.weight"], sd[p + "mlp.fc1.bias"] = b.mlp.fc1.weight, b.mlp.fc1.bias
+        for ours, theirs in (("ln1", b.norm1), ("ln2", b.norm2)):
+            sd[p + ours + ".weight"], sd[p + ours + ".bias"] = theirs.weight, theirs.bias
+    sd["ln_final.weight"], sd["ln_final.bias"] = tm.norm.weight, tm.norm.bias
+    sd["head.weight"], sd["head.bias"] = tm.head.weight, tm.head.bias
+    return cfg, {k: v.detach().clone().float() for k, v in sd.items()}
+
+
+@torch.no_grad()
+def check_rotary(model: ViT, tm: nn.Module, name: str) -> None:
+    """Compare poslens' cos/sin tables with timm's rotary embedding on the native grid (UserError if not equal)."""
+    if getattr(tm, "rope", None) is None:
+        return
+    g = model.cfg.grid
+    ours = model.rotary_tables(g, g)  # [depth|1, 2, H, num_prefix + N, P]
+    ours = ours[:, :, :, model.cfg.num_prefix :]
+    theirs = tm.rope.get_embed(shape=[g, g])
+    sin, cos = theirs.float().chunk(2, -1)  # [..., N, dh] interleaved: plane p at channel 2p
+    sin, cos = sin[..., ::2], cos[..., ::2]  # [N, P] or [depth, H, N, P]
+    if sin.ndim == 2:
+        sin, cos = sin[None, None], cos[None, None]
+    ok = torch.allclose(ours[:, 0], cos, atol=1e-5) and torch.allclose(ours[:, 1], sin, atol=1e-5)
+    if not ok:
+        raise _unsupported(name, "its rotary tables differ from poslens' (unknown convention)")
+
+
+def load_timm(name: str, weights: str | Path, device: str = "cpu", **timm_kwargs: Any) -> ViT:
+    """poslens ViT (eval mode) from timm model `name` and a local safetensors file, or weights='hub'.
+
+    `timm_kwargs` go to timm.create_model (for example depth=2 for a truncated model).
+    """
+    hub = str(weights) == "hub"
+    tm = create_timm(name, pretrained=hub, **timm_kwargs)
+    if not hub:
+        load_timm_weights(tm, name, weights)
+    cfg, sd = convert(tm, name)
+    model = ViT(cfg)
+    model.load_state_dict(sd)
+    model.eval()
+    check_rotary(model, tm, name)
+    return model.to(torch.device(device))
+
+
+__all__ = ["check_rotary", "convert", "create_timm", "import_timm", "load_timm"]
