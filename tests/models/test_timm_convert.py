@@ -30,6 +30,8 @@ FAMILIES = [
     ("vit_small_patch16_rope_mixed_224", "rope_mixed"),
     ("vit_small_patch16_rope_ape_224", "rope_axial_ape"),
     ("vit_small_patch16_rope_mixed_ape_224", "rope_mixed_ape"),
+    ("vit_small_patch16_dinov3", "rope_axial"),
+    ("vit_small_patch16_dinov3_qkvb", "rope_axial"),
 ]
 
 
@@ -106,6 +108,26 @@ def test_naver_axial_axis_map_and_masks(tmp_path: Path) -> None:
         with rotary_mask(model, planes=amap.row):
             masked = model(x)
     assert not torch.allclose(base, masked)
+
+
+def test_dinov3_layout_registers_and_other_resolution(tmp_path: Path) -> None:
+    """DINOv3: half layout, centred coordinates, 4 registers + CLS as prefix, mean pooling; the
+    column-first plane order after the q/k channel permutation; parity on a grid it was not built for."""
+    name = "vit_small_patch16_dinov3"
+    tm = random_timm(name, **SMALL)
+    model = load_timm(name, save(tm, tmp_path / "w.safetensors"), **SMALL)
+    cfg = model.cfg
+    assert (cfg.rope_layout, cfg.rope_coords, cfg.num_prefix, cfg.pool) == (
+        "half",
+        "centered",
+        5,
+        "mean",
+    )
+    amap = axis_map(model)
+    assert amap.col == tuple(range(16)) and amap.row == tuple(range(16, 32))
+    x = torch.randn(2, 3, 96, 80)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), tm(x), atol=1e-4, rtol=0)
 
 
 def test_mixed_freqs_are_timm_parameters(tmp_path: Path) -> None:

@@ -148,3 +148,12 @@ def test_apply_rotary_identity_is_exact() -> None:
     ident = torch.stack([torch.ones(1, 5, 4), torch.zeros(1, 5, 4)])
     for layout in ("interleaved", "half"):
         assert torch.equal(apply_rotary(x, ident, layout), x)
+
+
+def test_rope_coords_default_is_left_out_of_saved_configs() -> None:
+    """Configs written before rope_coords existed (and the study's checkpoint hashes) stay the same."""
+    assert "rope_coords" not in ModelConfig().to_dict()
+    cfg = ModelConfig(rope_coords="centered")
+    assert ModelConfig.from_dict(cfg.to_dict()) == cfg
+    with pytest.raises(ConfigError, match="model.rope_coords"):
+        ModelConfig(rope_coords="pixels")

@@ -10,6 +10,7 @@ from poslens.errors import ConfigError
 
 POSENCS = ("ape", "sincos", "rope_axial", "rope_mixed", "rope_axial_ape", "rope_mixed_ape", "none")
 ROPE_LAYOUTS = ("interleaved", "half")
+ROPE_COORDS = ("index", "centered")
 POOLS = ("cls", "mean")
 
 
@@ -38,6 +39,9 @@ class ModelConfig:
     rope_theta: float = 10.0
     # Plane p rotates channels (2p, 2p+1) ("interleaved") or (p, p + dh/2) ("half").
     rope_layout: str = "interleaved"
+    # Rotary coordinates: "index" 0-based patch index; "centered" DINOv3's (2 i + 1) / n - 1 per axis
+    # (in [-1, 1] whatever the grid), with angles 2 pi * coordinate * theta^(-i / (planes per axis)).
+    rope_coords: str = "index"
     # Learned APE init std. timm uses 0.02; on the default task (600 steps, batch 64) APE reached
     # 27% / 31% val accuracy with std 0.02 at lr 1e-3 / 3e-3, 49% / 16% with std 0.3.
     ape_init_std: float = 0.3
@@ -69,6 +73,7 @@ class ModelConfig:
                 )
         one_of("model.posenc", self.posenc, POSENCS)
         one_of("model.rope_layout", self.rope_layout, ROPE_LAYOUTS)
+        one_of("model.rope_coords", self.rope_coords, ROPE_COORDS)
         one_of("model.pool", self.pool, POOLS)
         if self.image_size % self.patch_size:
             raise ConfigError(
@@ -111,7 +116,12 @@ class ModelConfig:
         return self.posenc in ("ape", "sincos", "rope_axial_ape", "rope_mixed_ape")
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """JSON-ready fields; rope_coords only when not "index", so that configs (and the study's
+        checkpoint hashes) written before the field existed stay the same."""
+        d = asdict(self)
+        if d["rope_coords"] == "index":
+            del d["rope_coords"]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ModelConfig:

@@ -59,11 +59,21 @@ class Rotary(nn.Module):
     mixed: a learned (fx, fy) per block, head and plane, initialised as in Heo et al. 2024: one
     random direction per block and head, planes [0, P/2) along it and [P/2, P) along its
     perpendicular, magnitudes theta^(-i / (P/2)).
+    coords "index": (row, col) are 0-based patch indices; "centered" (DINOv3): 2 pi ((2 i + 1) / n - 1)
+    per axis, so the coordinates span the same range on every grid.
     """
 
-    def __init__(self, kind: str, depth: int, heads: int, head_dim: int, theta: float) -> None:
+    def __init__(
+        self,
+        kind: str,
+        depth: int,
+        heads: int,
+        head_dim: int,
+        theta: float,
+        coords: str = "index",
+    ) -> None:
         super().__init__()
-        self.kind = kind
+        self.kind, self.coords = kind, coords
         half = head_dim // 4  # planes per axis
         mag = theta ** (-torch.arange(half, dtype=torch.float32) / half)  # [P/2]
         if kind == "axial":
@@ -82,6 +92,9 @@ class Rotary(nn.Module):
     def forward(self, gh: int, gw: int) -> torch.Tensor:
         """Angles [depth or 1, H or 1, gh*gw, P] in radians."""
         row, col = grid_coords(gh, gw, self.freqs.device)
+        if self.coords == "centered":
+            row = 2 * math.pi * ((2 * row + 1) / gh - 1)
+            col = 2 * math.pi * ((2 * col + 1) / gw - 1)
         fx, fy = self.freqs[..., 0], self.freqs[..., 1]  # [depth|1, H|1, P]
         return col[:, None] * fx[..., None, :] + row[:, None] * fy[..., None, :]
 

@@ -14,6 +14,11 @@ Conventions mapped (all exact, checked numerically at conversion time for rotary
 - naver axial RoPE (RotaryEmbeddingCat, 'xy' indexing: column bands first, interleaved pairs,
   bands temperature^(-i / (dh/4))) is poslens rope_axial with rope_theta = temperature; mixed
   RoPE (RotaryEmbeddingMixed, freqs [2, depth, H, P]) is poslens rope_mixed with freqs [depth, H, P, 2].
+- DINOv3 RoPE (RotaryEmbeddingDinoV3: "half" layout, row planes first, 0.5-centred coordinates in
+  [-1, 1], periods temperature^(i / (dh/4))) is rope_axial with rope_layout "half" and rope_coords
+  "centered"; its row-first planes are moved to poslens' column-first order by permuting the q and
+  k channels of every head the same way (q.k unchanged; hook_q / hook_k list channels in that order).
+  Register tokens become poslens prefix tokens (CLS, then registers), never rotated, as in timm.
 """
 
 from __future__ import annotations
@@ -124,6 +129,33 @@ def _qkv(attn: nn.Module, dim: int) -> tuple[torch.Tensor, torch.Tensor | None]:
     return w, b
 
 
+def _row_first(tm: nn.Module) -> bool:
+    """True for DINOv3 rotary tables whose first half of planes follows the row ('ij' indexing)."""
+    rope = getattr(tm, "rope", None)
+    return type(rope).__name__ == "RotaryEmbeddingDinoV3" and rope.grid_indexing == "ij"
+
+
+def _half_plane_order(head_dim: int) -> torch.Tensor:
+    """Channel order [dh] moving row-first planes to poslens' column-first order, "half" layout.
+
+    Plane p rotates channels (p, p + dh/2); our plane p is their plane (p + P/2) mod P.
+    """
+    P, nb = head_dim // 2, head_dim // 4
+    planes = (torch.arange(P) + nb) % P
+    return torch.cat([planes, planes + P])
+
+
+def _permute_qk(
+    w: torch.Tensor, b: torch.Tensor | None, heads: int, order: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Reorder the channels of every q and k head of a fused qkv [3D, D] (v untouched): q.k is unchanged."""
+    dh = order.numel()
+    idx = torch.arange(w.shape[0]).view(3, heads, dh)
+    idx[:2] = idx[:2, :, order]
+    idx = idx.flatten()
+    return w[idx], None if b is None else b[idx]
+
+
 def _gamma(block: nn.Module, which: int) -> torch.Tensor | None:
     """LayerScale gamma of the attention (1) or MLP (2) branch, or None."""
     ls = getattr(block, f"ls{which}", None)  # timm VisionTransformer Block
@@ -162,6 +194,14 @@ def _rotary(tm: nn.Module, name: str, head_dim: int) -> tuple[str, float, torch.
     """(kind, theta, mixed freqs [depth, H, P, 2] or None) of a timm rotary embedding."""
     rope = tm.rope
     kind = type(rope).__name__
+    if kind == "RotaryEmbeddingDinoV3":
+        if rope.min_period is not None or rope.max_period is not None or rope.temperature is None:
+            raise _unsupported(name, "DINOv3 rotary embedding with min/max periods")
+        if rope.normalize_coords != "separate" or rope.grid_offset != 0 or rope.dim != head_dim:
+            raise _unsupported(name, "DINOv3 rotary embedding with non-default coordinates")
+        if not rope.rotate_half or rope.grid_indexing not in ("ij", "xy"):
+            raise _unsupported(name, "DINOv3 rotary embedding in interleaved layout")
+        return "axial", float(rope.temperature), None
     if kind == "RotaryEmbeddingCat":
         if rope.in_pixels or rope.grid_type != "index" or rope.ref_feat_shape is not None:
             raise _unsupported(name, "rotary embedding on pixel / rescaled coordinates")
@@ -240,7 +280,8 @@ def convert(tm: nn.Module, name: str) -> tuple[ModelConfig, dict[str, torch.Tens
             mlp_ratio=hidden / dim,
             posenc=posenc,
             rope_theta=theta,
-            rope_layout="interleaved",
+            rope_layout="half" if getattr(rope, "rotate_half", False) else "interleaved",
+            rope_coords="centered" if type(rope).__name__ == "RotaryEmbeddingDinoV3" else "index",
             cls_token=has_cls,
             num_registers=num_registers,
             pool=pool,
@@ -279,6 +320,8 @@ def convert(tm: nn.Module, name: str) -> tuple[ModelConfig, dict[str, torch.Tens
     for i, b in enumerate(blocks):
         p = f"blocks.{i}."
         qkv_w, qkv_b = _qkv(b.attn, dim)
+        if _row_first(tm):
+            qkv_w, qkv_b = _permute_qk(qkv_w, qkv_b, heads, _half_plane_order(cfg.head_dim))
         sd[p + "attn.qkv.weight"] = qkv_w
         if qkv_b is not None:
             sd[p + "attn.qkv.bias"] = qkv_b
@@ -303,8 +346,15 @@ def check_rotary(model: ViT, tm: nn.Module, name: str) -> None:
     ours = model.rotary_tables(g, g)  # [depth|1, 2, H, num_prefix + N, P]
     ours = ours[:, :, :, model.cfg.num_prefix :]
     theirs = tm.rope.get_embed(shape=[g, g])
-    sin, cos = theirs.float().chunk(2, -1)  # [..., N, dh] interleaved: plane p at channel 2p
-    sin, cos = sin[..., ::2], cos[..., ::2]  # [N, P] or [depth, H, N, P]
+    sin, cos = theirs.float().chunk(2, -1)  # [..., N, dh]
+    P = model.cfg.head_dim // 2
+    if model.cfg.rope_layout == "half":  # plane p at channels p and p + dh/2
+        sin, cos = sin[..., :P], cos[..., :P]
+    else:  # interleaved: plane p at channels 2p, 2p + 1
+        sin, cos = sin[..., ::2], cos[..., ::2]  # [N, P] or [depth, H, N, P]
+    if _row_first(tm):
+        order = _half_plane_order(model.cfg.head_dim)[:P]
+        sin, cos = sin[..., order], cos[..., order]
     if sin.ndim == 2:
         sin, cos = sin[None, None], cos[None, None]
     ok = torch.allclose(ours[:, 0], cos, atol=1e-5) and torch.allclose(ours[:, 1], sin, atol=1e-5)

@@ -132,6 +132,7 @@ class ViT(HookedModule):
                 cfg.heads,
                 cfg.head_dim,
                 cfg.rope_theta,
+                cfg.rope_coords,
             )
             if cfg.uses_rope
             else None

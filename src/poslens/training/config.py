@@ -60,7 +60,11 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"model": asdict(self.model), "data": asdict(self.data), "train": asdict(self.train)}
+        return {
+            "model": self.model.to_dict(),
+            "data": asdict(self.data),
+            "train": asdict(self.train),
+        }
 
     @classmethod
     def from_dict(cls, d: Any, base: RunConfig | None = None) -> RunConfig:
