@@ -66,10 +66,15 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_info(args: argparse.Namespace) -> int:
     import poslens
 
-    model = poslens.load(args.checkpoint)
+    spec = args.model or args.checkpoint
+    if spec is None or (args.model and args.checkpoint):
+        raise UserError(
+            "poslens info takes a checkpoint folder or --model timm:NAME --weights PATH"
+        )
+    model = poslens.load(spec, weights=args.weights)
     cfg = model.cfg
     print(
-        f"{args.checkpoint}: ViT posenc={cfg.posenc} depth={cfg.depth} dim={cfg.dim} heads={cfg.heads} "
+        f"{spec}: ViT posenc={cfg.posenc} depth={cfg.depth} dim={cfg.dim} heads={cfg.heads} "
         f"grid={cfg.grid}x{cfg.grid} prefix={cfg.num_prefix} params={model.num_params():,}"
     )
     if args.hooks:
@@ -299,7 +304,11 @@ def build_parser() -> argparse.ArgumentParser:
     sy.set_defaults(fn=cmd_study)
 
     i = sub.add_parser("info", help="describe a checkpoint")
-    i.add_argument("checkpoint")
+    i.add_argument("checkpoint", nargs="?", help="poslens checkpoint folder")
+    i.add_argument("--model", help="timm:NAME, a pretrained timm ViT converted to poslens")
+    i.add_argument(
+        "--weights", help="weights: a .safetensors file, or 'hub' (timm's download) for timm:NAME"
+    )
     i.add_argument("--hooks", action="store_true", help="list every hook point name")
     i.set_defaults(fn=cmd_info)
     return p

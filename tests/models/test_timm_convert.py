@@ -206,3 +206,14 @@ def test_missing_timm_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(UserError) as e:
         import_timm()
     assert "poslens[timm]" in one_line(e)
+
+
+def test_cli_info_on_timm_weights(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from poslens.cli import main
+
+    name = "vit_tiny_patch16_224"
+    path = save(random_timm(name), tmp_path / "w.safetensors")
+    assert main(["info", "--model", f"timm:{name}", "--weights", str(path)]) == 0
+    assert "posenc=ape depth=12 dim=192 heads=3 grid=14x14" in capsys.readouterr().out
+    assert main(["info", "--model", f"timm:{name}", "--weights", str(tmp_path / "no")]) == 2
+    assert main(["info"]) == 2
