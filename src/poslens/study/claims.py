@@ -18,7 +18,7 @@ from poslens.study.config import StudyConfig
 
 SUPPORTED, NOT_SUPPORTED, INCONCLUSIVE = "supported", "not supported", "inconclusive"
 APE_LIKE = ("ape", "sincos")
-ROPE_LIKE = ("rope_axial", "rope_mixed", "rope_axial_ape")
+ROPE_LIKE = ("rope_axial", "rope_mixed", "rope_axial_ape", "rope_mixed_ape")
 MIN_SEEDS = 2
 
 Models = dict[str, dict[str, Any]]
