@@ -85,3 +85,20 @@ def load_task(spec: str | Path) -> Task:
     except ConfigError as e:
         raise CheckpointError(f"{folder / 'config.json'}: {e}") from None
     return build_task(cfg)
+
+
+def load_images(path: str | Path, spec: str, model: ViT, seed: int = 0) -> Task:
+    """An ImageNet-style folder (one subfolder per class) for pretrained model `spec` ("timm:NAME"),
+    preprocessed with its timm pretrained config and labelled in `model`'s class order."""
+    from poslens.data.folder import PretrainedFolderTask
+    from poslens.models.timm_convert import imagenet_synsets, timm_preprocess
+
+    if not (isinstance(spec, str) and spec.startswith("timm:")):
+        raise UserError(
+            f"image folders with pretrained preprocessing need a timm:NAME model, got {spec}"
+        )
+    if model.cfg.in_chans != 3:
+        raise UserError(f"{spec} takes {model.cfg.in_chans} input channels; image folders are RGB")
+    preprocess = timm_preprocess(spec[len("timm:") :], model.cfg.image_size)
+    n = model.cfg.num_classes
+    return PretrainedFolderTask(path, preprocess, n, imagenet_synsets(n), seed=seed)

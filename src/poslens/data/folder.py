@@ -1,7 +1,11 @@
-"""Task "folder": the user's own images, one subfolder per class (ImageNet layout)."""
+"""Task "folder": the user's own images, one subfolder per class (ImageNet layout), and the
+same layout read for a pretrained model with its own eval preprocessing (PretrainedFolderTask)."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +20,7 @@ from poslens.errors import DataError
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
 
 
-def list_classes(root: Path) -> list[tuple[str, list[Path]]]:
+def list_classes(root: Path, min_classes: int = 2) -> list[tuple[str, list[Path]]]:
     """(class name, image files) for each class subfolder of root, both sorted by name."""
     if not root.exists():
         raise DataError(f"image folder {root} does not exist")
@@ -33,7 +37,7 @@ def list_classes(root: Path) -> list[tuple[str, list[Path]]]:
         if not files:
             raise DataError(f"class folder {folder} holds no images ({', '.join(IMAGE_SUFFIXES)})")
         classes.append((folder.name, files))
-    if len(classes) < 2:
+    if len(classes) < min_classes:
         raise DataError(f"image folder {root} has only one class ({classes[0][0]}); need 2 or more")
     return classes
 
@@ -110,3 +114,144 @@ class FolderTask(Task):
 
     def _make_split(self, name: str) -> tuple[Tensor, Tensor]:
         return self._standardise(self.indices[name])
+
+
+# PIL resampling filters for timm's interpolation names (torchvision resizes PIL images with these).
+_RESAMPLE = {
+    "bicubic": Image.Resampling.BICUBIC,
+    "bilinear": Image.Resampling.BILINEAR,
+    "nearest": Image.Resampling.NEAREST,
+    "lanczos": Image.Resampling.LANCZOS,
+    "box": Image.Resampling.BOX,
+    "hamming": Image.Resampling.HAMMING,
+}
+
+
+@dataclass(frozen=True)
+class Preprocess:
+    """timm's eval transform for a pretrained checkpoint (transforms_imagenet_eval): resize to
+    floor(image_size / crop_pct), centre-crop image_size, scale to [0, 1], normalise per channel."""
+
+    image_size: int
+    crop_pct: float = 0.875
+    crop_mode: str = "center"
+    interpolation: str = "bicubic"
+    mean: tuple[float, float, float] = (0.485, 0.456, 0.406)
+    std: tuple[float, float, float] = (0.229, 0.224, 0.225)
+
+    @classmethod
+    def from_timm(cls, data_config: Mapping[str, object], image_size: int) -> Preprocess:
+        """From timm.data.resolve_data_config output; image_size is the model's input side."""
+        crop_mode = str(data_config.get("crop_mode") or "center")
+        if crop_mode not in ("center", "squash"):
+            raise DataError(f"timm crop_mode {crop_mode!r} is not supported (center, squash)")
+        interpolation = str(data_config.get("interpolation") or "bilinear")
+        if interpolation not in _RESAMPLE:
+            raise DataError(f"timm interpolation {interpolation!r} is not supported")
+        mean = tuple(float(v) for v in data_config["mean"])  # type: ignore[attr-defined]
+        std = tuple(float(v) for v in data_config["std"])  # type: ignore[attr-defined]
+        crop_pct = data_config.get("crop_pct") or 0.875
+        return cls(image_size, float(crop_pct), crop_mode, interpolation, mean, std)  # type: ignore[arg-type]
+
+    def crop(self, path: Path) -> np.ndarray:
+        """Decode as RGB, resize and centre-crop like torchvision on PIL. [3, S, S] uint8."""
+        try:
+            with Image.open(path) as image:
+                image = image.convert("RGB")
+        except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
+            raise DataError(f"cannot read image {path}: {e}") from None
+        scale = math.floor(self.image_size / self.crop_pct)
+        if self.crop_mode == "squash":
+            size = (scale, scale)
+        else:  # shorter side to `scale`, longer side truncated as torchvision does
+            w, h = image.size
+            short, long = (w, h) if w <= h else (h, w)
+            new_long = int(scale * long / short)
+            size = (scale, new_long) if w <= h else (new_long, scale)
+        if size != image.size:
+            image = image.resize(size, _RESAMPLE[self.interpolation])
+        w, h = image.size
+        s = self.image_size
+        top, left = round((h - s) / 2.0), round((w - s) / 2.0)  # as torchvision
+        pixels = np.asarray(image.crop((left, top, left + s, top + s)), dtype=np.uint8)
+        return np.ascontiguousarray(pixels.transpose(2, 0, 1))  # HWC -> CHW
+
+    def normalise(self, pixels: Tensor) -> Tensor:
+        """uint8 [N, 3, S, S] -> float32 (x / 255 - mean) / std, as ToTensor + Normalize."""
+        x = pixels.float().div(255)
+        mean = torch.tensor(self.mean).view(1, -1, 1, 1)
+        std = torch.tensor(self.std).view(1, -1, 1, 1)
+        return (x - mean) / std
+
+
+def class_indices(
+    names: Sequence[str], num_classes: int, synsets: Sequence[str] | None = None
+) -> list[int]:
+    """The model's output index for each class folder name.
+
+    Folder names that are all class indices ("0".."999") or all ImageNet synset ids ("n01440764",
+    with `synsets` in the model's class order) map by name; otherwise exactly num_classes folders
+    map in sorted order (ImageFolder's rule). Anything else cannot be matched: DataError.
+    """
+    if num_classes < 1:
+        raise DataError("the model has no classifier head (num_classes=0); cannot label images")
+    if all(n.isdigit() for n in names):
+        idx = [int(n) for n in names]
+        if max(idx) < num_classes and len(set(idx)) == len(idx):
+            return idx
+    if synsets is not None and len(synsets) == num_classes:
+        lookup = {wnid: k for k, wnid in enumerate(synsets)}
+        if all(n in lookup for n in names):
+            return [lookup[n] for n in names]
+    if len(names) == num_classes:
+        return list(range(num_classes))
+    raise DataError(
+        f"{len(names)} class folders cannot be matched to the model's {num_classes} classes: "
+        f"name them by class index (0..{num_classes - 1})"
+        + (" or ImageNet synset id" if synsets is not None else "")
+        + f", or give all {num_classes}"
+    )
+
+
+class PretrainedFolderTask(Task):
+    """An ImageNet-style folder read for a pretrained model: its own eval preprocessing, labels in
+    its class order. Images are shuffled (seeded) and halved into disjoint val and test splits."""
+
+    name = "folder"
+
+    def __init__(
+        self,
+        root: str | Path,
+        preprocess: Preprocess,
+        num_classes: int,
+        synsets: Sequence[str] | None = None,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        self.root = Path(root)
+        self.preprocess = preprocess
+        self.image_size = preprocess.image_size
+        self.in_chans = 3
+        self.num_classes = num_classes
+        classes = list_classes(self.root, min_classes=1)
+        labels = class_indices([n for n, _ in classes], num_classes, synsets)
+        self.class_names = [str(k) for k in range(num_classes)]
+        for (folder, _), k in zip(classes, labels, strict=True):
+            self.class_names[k] = folder
+        self.files = [f for _, class_files in classes for f in class_files]
+        if len(self.files) < 2:
+            raise DataError(f"image folder {self.root} needs at least 2 images (one val, one test)")
+        self.images = torch.from_numpy(np.stack([preprocess.crop(f) for f in self.files]))
+        self.labels = torch.tensor(
+            [k for k, (_, fs) in zip(labels, classes, strict=True) for _ in fs], dtype=torch.int64
+        )
+        order = torch.from_numpy(make_rng(seed, "partition").permutation(len(self.files)))
+        n_val = len(self.files) // 2
+        self.indices = {"val": order[:n_val], "test": order[n_val:]}
+
+    def train_batch(self, step: int, batch_size: int) -> tuple[Tensor, Tensor]:
+        raise DataError("a pretrained model's image folder has no training split")
+
+    def _make_split(self, name: str) -> tuple[Tensor, Tensor]:
+        idx = self.indices[name]
+        return self.preprocess.normalise(self.images[idx]), self.labels[idx]

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from poslens.data.folder import Preprocess
 from poslens.errors import CheckpointError, ConfigError, UserError
 from poslens.io import load_tensors
 from poslens.models.config import ModelConfig
@@ -379,4 +380,34 @@ def load_timm(name: str, weights: str | Path, device: str = "cpu", **timm_kwargs
     return model.to(torch.device(device))
 
 
-__all__ = ["check_rotary", "convert", "create_timm", "import_timm", "load_timm"]
+def timm_preprocess(name: str, image_size: int) -> Preprocess:
+    """The eval preprocessing of timm model `name`'s default pretrained config (no download), at
+    the converted model's input side `image_size`."""
+    timm = import_timm()
+    if not timm.is_model(name):
+        raise UserError(f"unknown timm model {name!r} (list them with timm.list_models('vit_*'))")
+    pretrained = timm.models.get_pretrained_cfg(name)
+    config = timm.data.resolve_data_config(
+        pretrained_cfg=pretrained.to_dict() if pretrained is not None else {}
+    )
+    return Preprocess.from_timm(config, image_size)
+
+
+def imagenet_synsets(num_classes: int) -> list[str] | None:
+    """ImageNet-1k synset ids in class order when the model has 1000 classes, else None."""
+    if num_classes != 1000:
+        return None
+    from timm.data import ImageNetInfo
+
+    return list(ImageNetInfo().label_names())
+
+
+__all__ = [
+    "check_rotary",
+    "convert",
+    "create_timm",
+    "imagenet_synsets",
+    "import_timm",
+    "load_timm",
+    "timm_preprocess",
+]
