@@ -123,11 +123,25 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         m.Config(**common, **override(m.Config, n, sets.get(n, {})))
         for n, m in zip(names, modules, strict=True)
     ]
-    model = poslens.load(args.checkpoint, device=args.device)
-    data = poslens.load_task(args.checkpoint)
+    if args.model is not None:
+        if args.checkpoint is not None:
+            raise UserError("poslens analyze takes a checkpoint folder or --model, not both")
+        if args.data is None:
+            raise UserError(f"--model {args.model} needs --data DIR, a folder of class subfolders")
+        model = poslens.load(args.model, weights=args.weights, device=args.device)
+        data = poslens.load_images(args.data, args.model, model, seed=args.seed)
+        source = {"model": args.model, "weights": str(args.weights), "data": str(args.data)}
+    else:
+        if args.checkpoint is None:
+            raise UserError("poslens analyze needs a checkpoint folder or --model timm:NAME")
+        if args.data is not None or args.weights is not None:
+            raise UserError("--data and --weights go with --model timm:NAME, not a checkpoint")
+        model = poslens.load(args.checkpoint, device=args.device)
+        data = poslens.load_task(args.checkpoint)
+        source = {"checkpoint": str(args.checkpoint)}
     out = Path(args.out)
     summary: dict[str, object] = {
-        "checkpoint": str(args.checkpoint),
+        **source,
         "posenc": model.cfg.posenc,
         "version": poslens.__version__,
         "analysis": common,
@@ -234,7 +248,16 @@ def build_parser() -> argparse.ArgumentParser:
     t.set_defaults(fn=cmd_train)
 
     a = sub.add_parser("analyze", help="run position experiments on a checkpoint")
-    a.add_argument("checkpoint", help="poslens checkpoint folder")
+    a.add_argument("checkpoint", nargs="?", help="poslens checkpoint folder")
+    a.add_argument("--model", help="timm:NAME, a pretrained timm ViT converted to poslens")
+    a.add_argument(
+        "--weights", help="with --model: a .safetensors file, or 'hub' (timm's download)"
+    )
+    a.add_argument(
+        "--data",
+        help="with --model: image folder, one subfolder per class (class index, ImageNet synset "
+        "id, or all classes in order), preprocessed as the checkpoint's timm config says",
+    )
     a.add_argument(
         "--experiments",
         default="all",
