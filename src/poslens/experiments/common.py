@@ -201,6 +201,8 @@ def measure(
     p = model.cfg.num_prefix
     dev = model.head.weight.device
     probe_sites = tuple(check_site(model, s) for s in probe_sites)
+    if cfg.probe_block >= 0:  # a fixed probe site must exist, also where an experiment probes all
+        check_site(model, cfg.probe_block)
     feats: list[list[torch.Tensor]] = [[] for _ in probe_sites]
     correct, margin = [], []
     gh = gw = 0

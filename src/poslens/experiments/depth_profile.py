@@ -53,7 +53,7 @@ class DepthProfile:
     control: ProbeResult  # same probes, randomly initialised model of the same shape
     control_ssdc_rpi: np.ndarray
     effective_rank: np.ndarray  # normalised residual, patch tokens of the probe images
-    probe_site: int  # where the probes peak (ties: highest RPI-SSDC); used by other experiments
+    probe_site: int  # cfg.probe_block if fixed, else where probes peak (ties: highest RPI-SSDC)
     n_images: int
     probe_images: int
 
@@ -163,7 +163,7 @@ def run(
         control=ctrl.probes,
         control_ssdc_rpi=ctrl.ssdc_rpi,
         effective_rank=_effective_ranks(model, x[: cfg.probe_images]),
-        probe_site=choose_probe_site(base),
+        probe_site=cfg.probe_block if cfg.probe_block >= 0 else choose_probe_site(base),
         n_images=len(x),
         probe_images=cfg.probe_images,
     )
