@@ -173,6 +173,10 @@ def train(
     val_x, val_y = val_x[: cfg.train.eval_images], val_y[: cfg.train.eval_images]
 
     start, history = 0, []
+    if resume:  # a killed run may have left the temp file of an unfinished atomic write
+        for name in (CONFIG, WEIGHTS, STATE, METRICS):
+            for tmp in out.glob(f".{name}.*.tmp"):
+                tmp.unlink(missing_ok=True)
     if resume and (out / STATE).is_file():
         saved = read_json(out / CONFIG, "checkpoint config")
         saved.pop("poslens_version", None)
