@@ -19,8 +19,9 @@ import torch
 import torch.nn.functional as F
 
 import poslens
+from poslens import distributed
 from poslens.data import Task, build_task
-from poslens.errors import CheckpointError
+from poslens.errors import CheckpointError, ConfigError
 from poslens.io import load_tensors, read_json, read_metadata, save_tensors, write_json
 from poslens.models.vit import ViT, build_model
 from poslens.training.config import RunConfig
@@ -159,9 +160,20 @@ def train(
     progress: bool = True,
     device: str = "cpu",
 ) -> dict[str, Any]:
-    """Train one model, checkpointing into `out`; returns (and writes) the final metrics."""
+    """Train one model, checkpointing into `out`; returns (and writes) the final metrics.
+
+    Under torchrun each rank takes an equal slice of every step's batch and DistributedDataParallel
+    averages the gradients, so the update equals one process's on the whole batch; rank 0 alone
+    evaluates and writes checkpoints and metrics.
+    """
     out = Path(out)
-    dev = torch.device(device)
+    dev = distributed.device_for(device)
+    rank, world = distributed.init(dev)
+    if cfg.train.batch_size % world:
+        raise ConfigError(
+            f"train.batch_size ({cfg.train.batch_size}) must be divisible by the {world} processes"
+        )
+    main_rank = rank == 0
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     task = build_task(cfg.data)
@@ -169,6 +181,11 @@ def train(
     precision = resolve_precision(cfg.train.precision, dev)
     model = build_model(cfg.model, seed=cfg.train.seed).to(dev)
     opt = make_optimizer(model, cfg)
+    net: torch.nn.Module = model
+    if world > 1:
+        from torch.nn.parallel import DistributedDataParallel
+
+        net = DistributedDataParallel(model, device_ids=[dev.index] if dev.type == "cuda" else None)
     val_x, val_y = task.split("val")
     val_x, val_y = val_x[: cfg.train.eval_images], val_y[: cfg.train.eval_images]
 
@@ -191,16 +208,17 @@ def train(
     total, bs = cfg.train.steps, cfg.train.batch_size
     model.train()
     t0, trained_images = time.perf_counter(), 0
-    bar = TrainProgress(total, start, enabled=progress, label=cfg.model.posenc)
+    bar = TrainProgress(total, start, enabled=progress and main_rank, label=cfg.model.posenc)
+    shard = slice(rank * bs // world, (rank + 1) * bs // world)  # this rank's part of each batch
     with bar:
         for step in range(start, total):
             x, y = task.train_batch(step, bs)
-            x, y = x.to(dev), y.to(dev)
+            x, y = x[shard].to(dev), y[shard].to(dev)
             lr = lr_at(step, total, cfg.train.lr, cfg.train.warmup_frac)
             for g in opt.param_groups:
                 g["lr"] = lr
             with autocast(precision, dev):
-                logits = model(x)
+                logits = net(x)
             loss = F.cross_entropy(logits.float(), y)
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -212,7 +230,7 @@ def train(
             rate = trained_images / (time.perf_counter() - t0)
             loss_value = loss.item()
             bar.update(done, loss=loss_value, images_per_s=rate)
-            if done % cfg.train.eval_every == 0 or done == total:
+            if main_rank and (done % cfg.train.eval_every == 0 or done == total):
                 ev = evaluate(model, val_x, val_y, precision)
                 history.append(
                     {
@@ -223,7 +241,7 @@ def train(
                     }
                 )
                 bar.log_eval(done, ev["acc"])
-            if done % cfg.train.ckpt_every == 0 and done != total:
+            if main_rank and done % cfg.train.ckpt_every == 0 and done != total:
                 save_checkpoint(out, model, opt, cfg, done, history)
     wall = time.perf_counter() - t0
 
@@ -254,6 +272,10 @@ def train(
         "threads": torch.get_num_threads(),
         "machine": platform.machine(),
     }
-    save_checkpoint(out, model, opt, cfg, total, history)
-    write_json(out / METRICS, metrics)
+    if world > 1:
+        metrics["processes"] = world
+    if main_rank:
+        save_checkpoint(out, model, opt, cfg, total, history)
+        write_json(out / METRICS, metrics)
+    distributed.barrier()
     return metrics
