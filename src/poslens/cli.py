@@ -21,6 +21,18 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"poslens: error: {message} (see {self.prog} --help)\n")
 
 
+DEVICE_HELP = "torch device: cpu (default), cuda, cuda:N, or auto (cuda if available, else cpu)"
+
+
+def resolve_device(name: str) -> str:
+    """'auto' -> 'cuda' when torch sees a GPU, else 'cpu'; any other name unchanged."""
+    if name != "auto":
+        return name
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def _run_configs(args: argparse.Namespace) -> list[tuple[str, RunConfig]]:
     from poslens.training.config import apply_overrides, load_config, preset
 
@@ -243,7 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--out", required=True, help="checkpoint folder (one subfolder per preset if several)"
     )
     t.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
-    t.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
+    t.add_argument("--device", default="cpu", help=DEVICE_HELP)
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.set_defaults(fn=cmd_train)
 
@@ -280,7 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="override an experiment's config field, e.g. "
         "sae_causal.sites=blocks.0.hook_resid_pre,blocks.2.hook_resid_pre (repeatable)",
     )
-    a.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
+    a.add_argument("--device", default="cpu", help=DEVICE_HELP)
     a.add_argument("--no-progress", action="store_true", help="no progress bars")
     a.set_defaults(fn=cmd_analyze)
 
@@ -297,7 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--epochs", type=int, default=5)
     st.add_argument("--whiten", action="store_true", help="train on exactly whitened activations")
     st.add_argument("--images", type=int, default=1000, help="training images (default 1000)")
-    st.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
+    st.add_argument("--device", default="cpu", help=DEVICE_HELP)
     st.add_argument("--no-progress", action="store_true", help="no progress bar")
     st.set_defaults(fn=cmd_sae_train)
 
@@ -313,7 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
     sy.add_argument("--seeds", type=int, help="seeds per model (default: the preset's)")
     sy.add_argument("--data", help="task: relation, animals (default relation)")
     sy.add_argument("--out", required=True, help="output folder (reused to continue)")
-    sy.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
+    sy.add_argument("--device", default="cpu", help=DEVICE_HELP)
     sy.add_argument(
         "--jobs",
         type=int,
@@ -339,6 +351,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if getattr(args, "device", None) is not None:
+        args.device = resolve_device(args.device)
     try:
         return int(args.fn(args))
     except UserError as e:
