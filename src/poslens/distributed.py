@@ -14,8 +14,11 @@ import torch.distributed as dist
 
 
 def world() -> tuple[int, int]:
-    """(rank, world size); (0, 1) outside a process group."""
-    if dist.is_available() and dist.is_initialized():
+    """(rank, world size); (0, 1) outside torchrun. Under torchrun the process group is joined on
+    first use (gloo: what is exchanged here lives on the CPU) unless `init` joined it already."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and dist.is_available():
+        if not dist.is_initialized():
+            dist.init_process_group(backend="gloo")
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
 

@@ -53,3 +53,71 @@ def test_two_process_training_equals_one_process(tmp_path: Path) -> None:
     assert m2["processes"] == 2 and "processes" not in m1
     assert abs(m1["test"]["acc"] - m2["test"]["acc"]) < 1e-9
     assert [h["step"] for h in m1["history"]] == [h["step"] for h in m2["history"]]
+
+
+def _numbers(a: object, b: object, path: str = "") -> list[tuple[str, float, float]]:
+    """Pairs of numbers at the same place in two JSON documents (structure must match)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        assert a.keys() == b.keys(), path
+        return [x for k in a for x in _numbers(a[k], b[k], f"{path}.{k}")]
+    if isinstance(a, list) and isinstance(b, list):
+        assert len(a) == len(b), path
+        return [
+            x
+            for i, (u, v) in enumerate(zip(a, b, strict=True))
+            for x in _numbers(u, v, f"{path}[{i}]")
+        ]
+    if isinstance(a, int | float) and isinstance(b, int | float) and not isinstance(a, bool):
+        return [(path, float(a), float(b))]
+    assert a == b, path
+    return []
+
+
+SCRIPT = """
+import json, sys
+from pathlib import Path
+import poslens
+from poslens import distributed
+from poslens.experiments import depth_profile, position_removal
+from poslens.experiments.common import save
+ckpt, out = sys.argv[1], Path(sys.argv[2])
+model, data = poslens.load(ckpt), poslens.load_task(ckpt)
+for module in (depth_profile, position_removal):
+    result = module.run(model, data, module.Config(n_images=30, probe_images=30, batch_size=8))
+    if distributed.is_main():
+        save(result, out)
+if distributed.is_main():
+    (out / "world.json").write_text(json.dumps(distributed.world()))
+"""
+
+
+def test_two_process_analysis_equals_one_process(tmp_path: Path) -> None:
+    """measure() shards its image batches across ranks and gathers / reduces the results."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    ckpt = tmp_path / "ckpt"
+    train = subprocess.run(
+        [sys.executable, "-m", "poslens", "train", *ARGS, "--out", str(ckpt)],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert train.returncode == 0, train.stderr
+    script = tmp_path / "analyse.py"
+    script.write_text(SCRIPT)
+    one = subprocess.run([sys.executable, str(script), str(ckpt), str(tmp_path / "one")],
+                         env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert one.returncode == 0, one.stderr
+    two = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+         "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), str(script), str(ckpt),
+         str(tmp_path / "two")],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert json.loads((tmp_path / "one" / "world.json").read_text()) == [0, 1]
+    assert json.loads((tmp_path / "two" / "world.json").read_text()) == [0, 2]
+    for name in ("depth_profile.json", "position_removal.json"):
+        a = json.loads((tmp_path / "one" / name).read_text())
+        b = json.loads((tmp_path / "two" / name).read_text())
+        pairs = _numbers(a, b)
+        assert len(pairs) > 50
+        bad = [(p, x, y) for p, x, y in pairs if abs(x - y) > 1e-6 * max(1.0, abs(x))]
+        assert not bad, bad[:5]

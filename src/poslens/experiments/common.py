@@ -29,6 +29,7 @@ from matplotlib.figure import Figure
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from poslens import distributed
 from poslens._config import from_dict, one_of, positive_int
 from poslens.data import Task
 from poslens.errors import ConfigError, UserError
@@ -203,47 +204,49 @@ def measure(
     probe_sites = tuple(check_site(model, s) for s in probe_sites)
     if cfg.probe_block >= 0:  # a fixed probe site must exist, also where an experiment probes all
         check_site(model, cfg.probe_block)
-    feats: list[list[torch.Tensor]] = [[] for _ in probe_sites]
-    correct, margin = [], []
-    gh = gw = 0
-    clean: list[SSDC] = []
+    feats: list[list[tuple[int, torch.Tensor]]] = [[] for _ in probe_sites]
+    correct: list[tuple[int, torch.Tensor]] = []
+    margin: list[tuple[int, torch.Tensor]] = []
+    gh, gw = model.grid_of(images[:1])
+    clean = [SSDC(gh, gw) for _ in raw + norm] if clean_ssdc else []
+    rank, world = distributed.world()  # under torchrun each rank takes every world-th batch
+    starts = list(range(0, len(images), cfg.batch_size))[rank::world]
     with condition(model):
-        for start in range(0, len(images), cfg.batch_size):
+        for start in starts:
             xb = images[start : start + cfg.batch_size].to(dev)
             yb = labels[start : start + cfg.batch_size].to(dev)
-            gh, gw = model.grid_of(xb)
             wanted = [norm[s] for s in probe_sites if start < cfg.probe_images]
             wanted += (raw + norm) if clean_ssdc else []
             logits, cache = model.run_with_cache(xb, sorted(set(wanted)))
-            correct.append((logits.argmax(-1) == yb).cpu())
-            margin.append(correct_class_margin(logits.float(), yb).cpu())
+            correct.append((start, (logits.argmax(-1) == yb).cpu()))
+            margin.append((start, correct_class_margin(logits.float(), yb).cpu()))
             if start < cfg.probe_images:
                 keep = cfg.probe_images - start
                 for i, s in enumerate(probe_sites):
-                    feats[i].append(cache[norm[s]][:keep, p:].float().cpu())
+                    feats[i].append((start, cache[norm[s]][:keep, p:].float().cpu()))
             if clean_ssdc:
-                if not clean:
-                    clean = [SSDC(gh, gw) for _ in raw + norm]
                 for acc, name in zip(clean, raw + norm, strict=True):
                     acc.update(cache[name][:, p:])
         under_rpi = [SSDC(gh, gw) for _ in raw + norm]
         with rpi(model, seed=cfg.seed):
-            for start in range(0, len(images), cfg.batch_size):
+            for start in starts:
                 _, cache = model.run_with_cache(
                     images[start : start + cfg.batch_size].to(dev), raw + norm
                 )
                 for acc, name in zip(under_rpi, raw + norm, strict=True):
                     acc.update(cache[name][:, p:])
+    for acc in [*clean, *under_rpi]:
+        acc.all_reduce()
     n_sites = len(raw)
     values = np.array([s.value() for s in under_rpi])
     clean_values = np.array([s.value() for s in clean]) if clean_ssdc else None
     probes = None
     if probe_sites:
-        stacked = torch.stack([torch.cat(f) for f in feats])  # [sites, N, T, D]
+        stacked = torch.stack([_in_order(f) for f in feats])  # [sites, N, T, D]
         probes = fit_position_probes(stacked, gh, gw, seed=cfg.seed, shuffle_labels=probe_control)
     return Readout(
-        correct=torch.cat(correct).numpy(),
-        margin=torch.cat(margin).double().numpy(),
+        correct=_in_order(correct).numpy(),
+        margin=_in_order(margin).double().numpy(),
         ssdc_rpi=values[:n_sites],
         ssdc_rpi_norm=values[n_sites:],
         ssdc_clean=None if clean_values is None else clean_values[:n_sites],
@@ -251,6 +254,17 @@ def measure(
         probes=probes,
         probe_sites=probe_sites,
     )
+
+
+def _in_order(parts: list[tuple[int, torch.Tensor]]) -> torch.Tensor:
+    """Concatenate per-batch results in image order, gathered from every rank under torchrun."""
+    if distributed.world()[1] > 1:
+        import torch.distributed as dist
+
+        gathered: list[Any] = [None] * distributed.world()[1]
+        dist.all_gather_object(gathered, parts)
+        parts = [item for rank_parts in gathered for item in rank_parts]
+    return torch.cat([t for _, t in sorted(parts, key=lambda item: item[0])])
 
 
 def choose_probe_site(base: Readout) -> int:

@@ -60,6 +60,16 @@ class SSDC:
         self.sum += torch.bmm(unit, unit.mT).sum(0).to("cpu", torch.float64)
         self.count += tokens.shape[0]
 
+    def all_reduce(self) -> None:
+        """Sum the running sums and counts of every rank (torchrun), so each holds the total."""
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(self.sum)
+            count = torch.tensor([self.count], dtype=torch.float64)
+            dist.all_reduce(count)
+            self.count = int(count.item())
+
     @property
     def similarity(self) -> np.ndarray:
         """Image-averaged cosine similarity [T, T]."""
