@@ -79,6 +79,9 @@ def _claim(
     models: list[str],
     seeds: int,
 ) -> dict[str, Any]:
+    if models and seeds < MIN_SEEDS:  # one seed is never enough
+        caveats = [*caveats, f"only {seeds} seed(s): a verdict needs at least {MIN_SEEDS}"]
+        verdict = INCONCLUSIVE
     if verdict == INCONCLUSIVE and 0 < seeds < MIN_SEEDS:
         summary = (
             f"No verdict from {seeds} seed (at least {MIN_SEEDS} are needed); so far: "
@@ -100,13 +103,6 @@ def _claim(
 
 def _missing(cid: str, title: str, why: str) -> dict[str, Any]:
     return _claim(cid, title, INCONCLUSIVE, why, [], [], [why], [], 0)
-
-
-def _few_seeds(verdict: str, seeds: int, caveats: list[str]) -> str:
-    if seeds < MIN_SEEDS:
-        caveats.append(f"only {seeds} seed(s): a verdict needs at least {MIN_SEEDS}")
-        return INCONCLUSIVE
-    return verdict
 
 
 def _views(models: Models, kinds: tuple[str, ...], exp: str) -> list[View]:
@@ -181,7 +177,7 @@ def ape_features(models: Models) -> dict[str, Any]:
     return _claim(
         cid,
         title,
-        _few_seeds(verdict, seeds, caveats),
+        verdict,
         summary,
         evidence,
         controls,
@@ -300,7 +296,7 @@ def rope_split(models: Models) -> dict[str, Any]:
         else "Removing one axis's planes does not leave the other axis clearly decodable, or no "
         "better than random planes of the same count do."
     )
-    return _claim(cid, title, _few_seeds(verdict, min(seeds), caveats), summary, evidence,
+    return _claim(cid, title, verdict, summary, evidence,
                   controls, caveats, [v.model for v in views], min(seeds))  # fmt: skip
 
 
@@ -365,7 +361,7 @@ def rope_rebuilds(models: Models) -> dict[str, Any]:
     return _claim(
         cid,
         title,
-        _few_seeds(verdict, min(seeds), caveats),
+        verdict,
         summary,
         evidence,
         controls,
@@ -446,7 +442,7 @@ def heads_rebuild(models: Models) -> dict[str, Any]:
             "Axis-specialized heads exist, a held-out rebuilder head clears 2 SE in every seed, "
             "and rebuilding correlates with specialization."
         )
-    return _claim(cid, title, _few_seeds(verdict, min(seeds), caveats), summary, evidence,
+    return _claim(cid, title, verdict, summary, evidence,
                   controls, caveats, [v.model for v in views], min(seeds))  # fmt: skip
 
 
@@ -498,7 +494,7 @@ def position_matters(models: Models) -> dict[str, Any]:
     return _claim(
         cid,
         title,
-        _few_seeds(verdict, min(seeds), caveats),
+        verdict,
         summary,
         evidence,
         controls,
