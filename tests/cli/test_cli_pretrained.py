@@ -78,7 +78,8 @@ def test_analyze_pretrained_runs_experiments(
     weights: Path, folder: Path, tmp_path: Path, tiny_timm: None
 ) -> None:
     out = tmp_path / "out"
-    assert _analyze(weights, folder, out, "--experiments", "depth_profile,axis_map") == 0
+    extra = ("--experiments", "depth_profile,axis_map", "--device", "auto")
+    assert _analyze(weights, folder, out, *extra) == 0
     summary = json.loads((out / "analysis.json").read_text())
     assert summary["model"] == f"timm:{NAME}" and summary["posenc"] == "rope_axial"
     assert summary["data"] == str(folder) and "checkpoint" not in summary
