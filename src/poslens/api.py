@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from poslens.errors import CheckpointError, ConfigError, UserError
-from poslens.io import load_tensors, read_json
+from poslens.io import check_state_dict, load_tensors, read_json
 from poslens.models.config import ModelConfig
 from poslens.models.vit import ViT
 
@@ -52,20 +52,7 @@ def load(spec: str | Path, weights: str | Path | None = None, device: str = "cpu
         raise CheckpointError(f"{folder / 'config.json'}: {e}") from None
     state = load_tensors(weights_path)
     model = ViT(cfg)
-    expected = model.state_dict()
-    missing = sorted(set(expected) - set(state))
-    extra = sorted(set(state) - set(expected))
-    if missing:
-        raise CheckpointError(
-            f"{weights_path} is missing tensor {missing[0]} ({len(missing)} missing)"
-        )
-    if extra:
-        raise CheckpointError(f"{weights_path} has unexpected tensor {extra[0]} for this config")
-    for k, v in state.items():
-        if v.shape != expected[k].shape:
-            raise CheckpointError(
-                f"{weights_path}: tensor {k} has shape {tuple(v.shape)}, the config needs {tuple(expected[k].shape)}"
-            )
+    check_state_dict(state, model.state_dict(), str(weights_path))
     model.load_state_dict(state)
     return model.to(torch.device(device)).eval()
 

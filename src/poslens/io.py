@@ -105,3 +105,21 @@ def read_metadata(path: Path) -> dict[str, str]:
         except json.JSONDecodeError:
             raise CheckpointError(f"{path} has a corrupt safetensors header") from None
     return header.get("__metadata__", {}) or {}
+
+
+def check_state_dict(
+    state: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], source: str
+) -> None:
+    """Refuse weights that do not fit a model: missing, unexpected or mis-shaped tensors."""
+    missing = sorted(set(expected) - set(state))
+    extra = sorted(set(state) - set(expected))
+    if missing:
+        raise CheckpointError(f"{source} is missing tensor {missing[0]} ({len(missing)} missing)")
+    if extra:
+        raise CheckpointError(f"{source} has unexpected tensor {extra[0]} ({len(extra)} extra)")
+    for k, v in state.items():
+        if v.shape != expected[k].shape:
+            raise CheckpointError(
+                f"{source}: tensor {k} has shape {tuple(v.shape)}, the model needs "
+                f"{tuple(expected[k].shape)}"
+            )

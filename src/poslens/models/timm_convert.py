@@ -31,7 +31,7 @@ from torch import nn
 
 from poslens.data.folder import Preprocess
 from poslens.errors import CheckpointError, ConfigError, UserError
-from poslens.io import load_tensors
+from poslens.io import check_state_dict, load_tensors
 from poslens.models.config import ModelConfig
 from poslens.models.vit import ViT
 
@@ -71,23 +71,7 @@ def load_timm_weights(model: nn.Module, name: str, path: str | Path) -> None:
     if not path.exists():
         raise CheckpointError(f"weights file not found: {path}")
     state = load_tensors(path)
-    expected = model.state_dict()
-    missing = sorted(set(expected) - set(state))
-    extra = sorted(set(state) - set(expected))
-    if missing:
-        raise CheckpointError(
-            f"{path} does not fit timm:{name}: missing tensor {missing[0]} ({len(missing)} missing)"
-        )
-    if extra:
-        raise CheckpointError(
-            f"{path} does not fit timm:{name}: unexpected tensor {extra[0]} ({len(extra)} extra)"
-        )
-    for k, v in state.items():
-        if v.shape != expected[k].shape:
-            raise CheckpointError(
-                f"{path} does not fit timm:{name}: tensor {k} has shape {tuple(v.shape)}, "
-                f"the model needs {tuple(expected[k].shape)}"
-            )
+    check_state_dict(state, model.state_dict(), f"{path} (does not fit timm:{name})")
     model.load_state_dict(state)
 
 
