@@ -15,15 +15,9 @@ import pytest
 import torch
 
 from poslens.io import check_safetensors, load_tensors, read_metadata
+from tests.training.cli_args import tiny_train_args
 
-ARGS = [
-    "--preset", "rope_axial", "--set", "model.dim=16", "--set", "model.depth=2",
-    "--set", "model.heads=2", "--set", "train.steps=120", "--set", "train.batch_size=16",
-    "--set", "train.ckpt_every=4", "--set", "train.eval_every=60", "--set", "train.eval_images=16",
-    "--set", "data.n_val=32", "--set", "data.n_test=32", "--set", "data.image_size=16",
-    "--set", "data.object_scale=0.32", "--set", "train.threads=1", "--set", 'train.precision="fp32"',
-    "--no-progress",
-]  # fmt: skip
+ARGS = tiny_train_args(steps=120, eval_every=60)
 
 
 def _train(out: Path, *extra: str) -> subprocess.Popen[bytes]:
