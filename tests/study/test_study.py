@@ -155,6 +155,23 @@ def test_changed_training_config_trains_a_new_checkpoint(
     assert first["stage"] == "train" and not first["reused"]
 
 
+def test_changed_training_config_in_the_same_folder_redoes_its_experiments(
+    study: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    """Experiment stages are keyed on the checkpoint too: a retrained model is re-analysed."""
+    import shutil
+
+    out, _ = study
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    cfg = replace(TINY_STUDY, models=("ape",), seeds=1, experiments=("depth_profile",),
+                  train_set=(*TINY_STUDY.train_set, "train.lr=0.002"))  # fmt: skip
+    res = run_study(cfg, copy, progress=False)
+    assert [(s["stage"], s["reused"]) for s in res["timings"]["stages"]] == [
+        ("train", False), ("depth_profile", False)
+    ]  # fmt: skip
+
+
 def test_only_restricts_an_experiment_to_some_models(tmp_path: Path) -> None:
     cfg = replace(TINY_STUDY, seeds=1, experiments=("depth_profile",),
                   only=("depth_profile=rope_axial",))  # fmt: skip

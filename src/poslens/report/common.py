@@ -315,7 +315,23 @@ TRAIN_LABELS = {
     "steps": "Steps",
     "steps_to_90": "Steps to 90%",
     "train_seconds": "Train time",
+    "n_images": "Images",
+    "params": "Parameters",
 }
+PRETRAINED_KEYS = ("test_acc", "chance", "n_images", "params")
+
+
+def runs_heading(results: Mapping[str, Any]) -> str:
+    """The run table's heading: pretrained models are loaded and evaluated, not trained."""
+    return "Pretrained models" if (results.get("config") or {}).get("pretrained") else "Training"
+
+
+def run_summary(run: Mapping[str, Any]) -> dict[str, Any]:
+    """The numbers of one run's table row: its training summary, or a pretrained model's."""
+    if run.get("train"):
+        return dict(run["train"])
+    pre = run.get("pretrained") or {}
+    return {k: pre[k] for k in PRETRAINED_KEYS if k in pre}
 
 
 def training_table(results: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
@@ -328,19 +344,21 @@ def training_table(results: Mapping[str, Any]) -> tuple[list[str], list[list[str
     ]
     seen: list[str] = []
     for _, run in runs:
-        seen += [k for k in run.get("train") or {} if k not in seen]
+        seen += [k for k in run_summary(run) if k not in seen]
     keys = [k for k in TRAIN_LABELS if k in seen] + [k for k in seen if k not in TRAIN_LABELS]
     head = ["Model", "Seed", *(TRAIN_LABELS.get(k, k) for k in keys), "Checkpoint"]
     rows = []
     for name, run in runs:
-        t = run.get("train") or {}
+        t = run_summary(run)
         row = [name, fmt_value(run.get("seed"))]
         for k in keys:
             v = t.get(k)
             row.append(
                 f"{fmt_num(v)} s" if k == "train_seconds" and v is not None else fmt_value(v)
             )
-        rows.append([*row, fmt_value(run.get("checkpoint"))])
+        pre = run.get("pretrained") or {}
+        where = f"{pre['model']} ({pre['weights']})" if pre else run.get("checkpoint")
+        rows.append([*row, fmt_value(where)])
     return head, rows
 
 

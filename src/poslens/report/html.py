@@ -142,7 +142,7 @@ def _setup(results: Mapping[str, Any]) -> str:
         + _kv_table(c.kv_rows(results.get("config")))
         + "<h3>Environment</h3>"
         + _kv_table(c.kv_rows(results.get("environment")))
-        + "<h3>Training</h3>"
+        + f"<h3>{c.runs_heading(results)}</h3>"
         + train
         + "</section>"
     )

@@ -70,7 +70,7 @@ def _setup(results: Mapping[str, Any]) -> list[str]:
     out += table(["Setting", "Value"], c.kv_rows(results.get("config")))
     out += ["### Environment", ""]
     out += table(["Package", "Version"], c.kv_rows(results.get("environment")))
-    out += ["### Training", ""]
+    out += [f"### {c.runs_heading(results)}", ""]
     head, rows = c.training_table(results)
     out += table(head, rows) if rows else ["No training runs recorded.", ""]
     return out

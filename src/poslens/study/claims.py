@@ -23,6 +23,17 @@ MIN_SEEDS = 2
 
 Models = dict[str, dict[str, Any]]
 
+TASK_CAVEAT = (
+    "The default task's label depends on where the objects are, so a drop is expected; the "
+    "non-trivial part is that nothing else in the model stands in for the encoding (the floor "
+    "falls to the content-only level) and how much a partial removal costs."
+)
+PRETRAINED_CAVEAT = (
+    "Pretrained weights: each model is one set of weights, so its seeds are analysis seeds (image "
+    "subset, RPI permutation, probe split, random draws) and the SE measures analysis noise, not "
+    "variation between trainings."
+)
+
 
 class View:
     """Read one model's headline numbers: per seed or as mean/SE over seeds."""
@@ -282,7 +293,7 @@ def rope_split(models: Models) -> dict[str, Any]:
         seeds.append(v.seeds(e))
     if not oks:
         return _missing(cid, title, "no axis conditions were run (model without an axis split)")
-    if any(v.model == "rope_axial" for v in views):
+    if any(models[v.model]["posenc"] == "rope_axial" for v in views):
         caveats.append(
             "In axial RoPE the plane split is built into the encoding; what is measured is that "
             "the model uses the two parts separably."
@@ -482,9 +493,7 @@ def position_matters(models: Models) -> dict[str, Any]:
         controls.append(
             f"none (trained without position): accuracy {nv.fmt(e, 'intact.accuracy', pct=True)}, the content-only level"
         )
-    caveats.append(
-        "The default task's label depends on where the objects are, so a drop is expected; the non-trivial part is that nothing else in the model stands in for the encoding (the floor falls to the content-only level) and how much a partial removal costs."
-    )
+    caveats.append(TASK_CAVEAT)
     verdict = SUPPORTED if all(oks) else NOT_SUPPORTED
     summary = (
         "Removing the positional signal from the trained weights costs accuracy and margin far beyond 2 paired SE in every model and seed."
@@ -515,7 +524,11 @@ CLAIMS: tuple[Callable[[Models], dict[str, Any]], ...] = (
 
 def evaluate_claims(models: Models, cfg: StudyConfig | None = None) -> list[dict[str, Any]]:
     """Every claim with its verdict, summary, evidence, controls and caveats."""
-    return [claim(models) for claim in CLAIMS]
+    claims = [claim(models) for claim in CLAIMS]
+    if cfg is not None and cfg.pretrained:
+        for c in claims:
+            c["caveats"] = [x for x in c["caveats"] if x != TASK_CAVEAT] + [PRETRAINED_CAVEAT]
+    return claims
 
 
 __all__ = ["CLAIMS", "INCONCLUSIVE", "NOT_SUPPORTED", "SUPPORTED", "evaluate_claims"]

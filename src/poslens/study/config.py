@@ -37,17 +37,34 @@ class StudyConfig:
     n_images: int = 300
     probe_images: int = 150
     batch_size: int = 250
-    # "experiment=model,model": run that experiment only on those models (the others record why)
+    # "experiment=model,model": run that experiment only on those models (the others record why);
+    # a name is a study model or an encoding (so "sae_causal=ape" covers a pretrained APE ViT)
     only: tuple[str, ...] = ()
+    # Pretrained models studied instead of trained ones: "timm:NAME=WEIGHTS" (a local .safetensors
+    # file, or "hub"). `images` is then their image folder and `seeds` are analysis seeds: the
+    # image subset, RPI permutation and random draws change with the seed, the weights do not.
+    pretrained: tuple[str, ...] = ()
+    images: str = ""
 
     def __post_init__(self) -> None:
         one_of("study.preset", self.preset, PRESETS)
-        if not self.models:
-            raise ConfigError("study.models must name at least one encoding")
-        for m in self.models:
-            one_of("study.models", m, POSENCS)
-        if len(set(self.models)) != len(self.models):
-            raise ConfigError(f"study.models lists an encoding twice: {', '.join(self.models)}")
+        if self.pretrained:
+            keys = [parse_pretrained(item)[0] for item in self.pretrained]
+            if len(set(keys)) != len(keys):
+                raise ConfigError(f"study.pretrained lists a model twice: {', '.join(keys)}")
+            if not self.images:
+                raise ConfigError(
+                    "study.images must name an image folder when study.pretrained is set"
+                )
+        else:
+            if self.images:
+                raise ConfigError("study.images goes with study.pretrained (pretrained models)")
+            if not self.models:
+                raise ConfigError("study.models must name at least one encoding")
+            for m in self.models:
+                one_of("study.models", m, POSENCS)
+            if len(set(self.models)) != len(self.models):
+                raise ConfigError(f"study.models lists an encoding twice: {', '.join(self.models)}")
         positive_int("study.seeds", self.seeds)
         for e in self.experiments:
             one_of("study.experiments", e, EXPERIMENTS)
@@ -68,19 +85,35 @@ class StudyConfig:
     def to_dict(self) -> dict[str, Any]:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
 
+    @property
+    def model_keys(self) -> tuple[str, ...]:
+        """The study's models: encodings to train, or the names of the pretrained models."""
+        if self.pretrained:
+            return tuple(parse_pretrained(item)[0] for item in self.pretrained)
+        return self.models
+
+    def source(self, key: str) -> tuple[str, str]:
+        """(spec, weights) of pretrained model `key`, e.g. ("timm:vit_base_patch16_224", PATH)."""
+        for item in self.pretrained:
+            k, spec, weights = parse_pretrained(item)
+            if k == key:
+                return spec, weights
+        raise KeyError(key)
+
     def train_changes(self, model: str) -> list[str]:
         """train_set items for one model: unprefixed ones, then those prefixed `model:`."""
         common = [t for t in self.train_set if _model_prefix(t) is None]
         own = [t.split(":", 1)[1] for t in self.train_set if _model_prefix(t) == model]
         return common + own
 
-    def skips(self, experiment: str) -> set[str]:
-        """The study's models that `only` excludes from this experiment."""
+    def skips(self, experiment: str, model: str, posenc: str) -> bool:
+        """Whether `only` excludes this model (named by its study name or its encoding)."""
         for item in self.only:
             exp, _, models = item.partition("=")
             if exp == experiment:
-                return set(self.models) - {m.strip() for m in models.split(",")}
-        return set()
+                listed = {m.strip() for m in models.split(",")}
+                return model not in listed and posenc not in listed
+        return False
 
     def analysis_overrides(self, experiment: str) -> dict[str, str]:
         """`field -> text` overrides for one experiment, from analysis_set."""
@@ -97,6 +130,18 @@ def _model_prefix(item: str) -> str | None:
     """ "ape:train.steps=2000" -> "ape" (an override for one encoding only); else None."""
     head, colon, _ = item.partition(":")
     return head if colon and head in POSENCS else None
+
+
+def parse_pretrained(item: str) -> tuple[str, str, str]:
+    """ "timm:NAME=WEIGHTS" -> (NAME, "timm:NAME", WEIGHTS); ConfigError naming the field."""
+    spec, eq, weights = item.partition("=")
+    name = spec[len("timm:") :] if spec.startswith("timm:") else ""
+    if not eq or not name or not weights:
+        raise ConfigError(
+            f"study.pretrained entries look like timm:NAME=WEIGHTS (a .safetensors file or hub); "
+            f"got {item!r}"
+        )
+    return name, spec, weights
 
 
 def config_hash(d: dict[str, Any]) -> str:
@@ -152,6 +197,21 @@ def preset(name: str, **changes: Any) -> StudyConfig:
             probe_images=150,
             only=("sae_causal=ape,sincos",),
         )  # fmt: skip
+    elif changes.get("pretrained"):  # the original study itself: pretrained ViT-Bs, on a GPU
+        cfg = StudyConfig(
+            preset="paper",
+            seeds=3,
+            experiments=EXPERIMENTS,
+            # the original protocol: 5,000 images for accuracy, 1,000 for SSDC and the probes; the
+            # SAE at the probe block (the normalised residual where the probes peak), 5x, k = 64
+            n_images=5000,
+            probe_images=1000,
+            analysis_set=(
+                "sae_causal.sites=probe",
+                "sae_causal.expansion=5", "sae_causal.k=64",
+            ),
+            only=("sae_causal=ape,sincos",),
+        )  # fmt: skip
     else:  # the original protocol's sizes, for a GPU
         cfg = StudyConfig(
             preset="paper",
@@ -164,4 +224,4 @@ def preset(name: str, **changes: Any) -> StudyConfig:
     return replace(cfg, **changes)
 
 
-__all__ = ["CORE", "PRESETS", "StudyConfig", "config_hash", "preset"]
+__all__ = ["CORE", "PRESETS", "StudyConfig", "config_hash", "parse_pretrained", "preset"]

@@ -39,10 +39,12 @@ from rich.progress import (
 
 import poslens
 from poslens._config import override
+from poslens.data import Task
 from poslens.errors import CheckpointError
 from poslens.experiments import get
-from poslens.experiments.common import ExperimentConfig, jsonable, save
+from poslens.experiments.common import ExperimentConfig, eval_images, jsonable, save
 from poslens.io import read_json, write_json
+from poslens.models.vit import ViT
 from poslens.study.aggregate import aggregate, headline
 from poslens.study.claims import evaluate_claims
 from poslens.study.config import StudyConfig, config_hash
@@ -73,12 +75,17 @@ def run_config(cfg: StudyConfig, model: str, seed: int, threads: int = 0) -> Run
     return apply_overrides(preset(model), sets)
 
 
-def experiment_configs(cfg: StudyConfig) -> dict[str, ExperimentConfig]:
-    """Each experiment's config (shared sizes + the study's overrides); ConfigError before work."""
+def experiment_configs(cfg: StudyConfig, seed: int = 0) -> dict[str, ExperimentConfig]:
+    """Each experiment's config (shared sizes + the study's overrides); ConfigError before work.
+
+    A trained model's seed changes its weights, so its analysis uses seed 0 throughout; a
+    pretrained model's seeds are analysis seeds (RPI permutation, probe split, random draws).
+    """
     common = {
         "n_images": cfg.n_images,
         "probe_images": cfg.probe_images,
         "batch_size": cfg.batch_size,
+        "seed": seed if cfg.pretrained else 0,
     }
     out = {}
     for name in cfg.experiments:
@@ -95,10 +102,13 @@ def checkpoint_dir(out: Path, model: str, seed: int, rc: RunConfig) -> Path:
     return out / "checkpoints" / f"{model}_s{seed}_{config_hash(d)}"
 
 
-def _weight(kind: str, cfg: StudyConfig, rc: RunConfig) -> float:
+def _weight(kind: str, cfg: StudyConfig, rc: RunConfig | None) -> float:
     """Relative cost of a stage (training images vs evaluated images) for the progress ETA."""
     if kind == "train":
+        assert rc is not None
         return rc.train.steps * rc.train.batch_size / 100
+    if kind == "load":
+        return cfg.n_images / 100
     per_image = {"windows": 12, "heads": 20, "sae_causal": 30, "components": 40}.get(kind, 4)
     return per_image * cfg.n_images / 100
 
@@ -120,6 +130,34 @@ def _progress(enabled: bool) -> Iterator[Progress | None]:
         yield bar
 
 
+@dataclass(frozen=True)
+class Source:
+    """Where one run's model and images come from: a study checkpoint, or pretrained weights
+    ("timm:NAME" + a weights file or "hub") with an image folder shuffled by `seed`."""
+
+    checkpoint: Path | None = None
+    spec: str = ""
+    weights: str = ""
+    images: str = ""
+    seed: int = 0
+
+    def load(self, device: str) -> tuple[ViT, Task]:
+        if self.checkpoint is not None:
+            return poslens.load(self.checkpoint, device=device), poslens.load_task(self.checkpoint)
+        model = poslens.load(self.spec, weights=self.weights, device=device)
+        return model, poslens.load_images(self.images, self.spec, model, seed=self.seed)
+
+    def identity(self) -> dict[str, Any]:
+        """What the results depend on, for the stage reuse key: the checkpoint (its name holds
+        its config hash), or the pretrained model, its weights file (path and size) and images."""
+        if self.checkpoint is not None:
+            return {"checkpoint": self.checkpoint.name}
+        weights = Path(self.weights)
+        size = weights.stat().st_size if weights.is_file() else None
+        return {"model": self.spec, "weights": self.weights, "weights_bytes": size,
+                "images": str(Path(self.images).resolve()), "image_seed": self.seed}  # fmt: skip
+
+
 def train_stage(rc: RunConfig, ckpt: Path, device: str) -> tuple[dict[str, Any], bool]:
     """Train into `ckpt`, resuming a partial run; returns (metrics, reused)."""
     from poslens.training.train import METRICS, STATE, train
@@ -130,13 +168,35 @@ def train_stage(rc: RunConfig, ckpt: Path, device: str) -> tuple[dict[str, Any],
     return train(rc, ckpt, resume=resume, progress=False, device=device), False
 
 
+@torch.no_grad()
+def load_stage(source: Source, ecfg: ExperimentConfig, device: str) -> dict[str, Any]:
+    """A pretrained run's first stage: load the model and images, and measure test accuracy on the
+    evaluation images (the pretrained counterpart of a trained model's training summary)."""
+    model, data = source.load(device)
+    x, y = eval_images(data, ecfg)
+    dev = model.head.weight.device
+    correct = sum(
+        int((model(x[i : i + ecfg.batch_size].to(dev)).argmax(-1).cpu() == y[i : i + ecfg.batch_size]).sum())
+        for i in range(0, len(x), ecfg.batch_size)
+    )  # fmt: skip
+    return {
+        "model": source.spec,
+        "weights": source.weights,
+        "images": source.images,
+        "posenc": model.cfg.posenc,
+        "test_acc": correct / len(x),
+        "chance": 1 / model.cfg.num_classes,
+        "n_images": len(x),
+        "params": sum(p.numel() for p in model.parameters()),
+    }
+
+
 def experiment_stage(
-    name: str, ecfg: ExperimentConfig, ckpt: Path, run_dir: Path, device: str
+    name: str, ecfg: ExperimentConfig, source: Source, run_dir: Path, device: str
 ) -> dict[str, Any]:
-    """Run one experiment on a checkpoint, save its files, and mark the stage finished."""
+    """Run one experiment on a run's model, save its files, and mark the stage finished."""
     module = get(name)
-    model = poslens.load(ckpt, device=device)
-    data = poslens.load_task(ckpt)
+    model, data = source.load(device)
     reason = module.applies(model)
     record: dict[str, Any] = {"experiment": name}
     if reason is not None:
@@ -170,26 +230,35 @@ def run_one(
     threads: int,
     events: Any = None,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Train (or reuse) one model/seed and run every experiment on it, stage by stage.
+    """Train or load (or reuse) one model/seed and run every experiment on it, stage by stage.
 
     Returns the run's entry for results.json and its stage timings. `events` (a queue) gets
     ("start" | "done", Stage) messages for the progress display of the parent process.
     """
     if threads:
         torch.set_num_threads(threads)
-    ecfgs = experiment_configs(cfg)
-    rc = run_config(cfg, model, seed, threads)
-    ckpt = checkpoint_dir(out, model, seed, rc)
+    ecfgs = experiment_configs(cfg, seed)
     run_dir = out / "runs" / model / f"seed{seed}"
+    if cfg.pretrained:
+        spec, weights = cfg.source(model)
+        source = Source(spec=spec, weights=weights, images=cfg.images, seed=seed)
+        first, rc = "load", None
+    else:
+        rc = run_config(cfg, model, seed, threads)
+        source = Source(checkpoint=checkpoint_dir(out, model, seed, rc))
+        first = "train"
     entry: dict[str, Any] = {}
+    posenc = model
     timings: list[dict[str, Any]] = []
-    for kind in ("train", *cfg.experiments):
+    for kind in (first, *cfg.experiments):
         st = Stage(kind, model, seed, _weight(kind, cfg, rc))
         if events is not None:
             events.put(("start", st))
         t0 = time.perf_counter()
         extra: dict[str, Any] = {}
         if kind == "train":
+            assert rc is not None and source.checkpoint is not None
+            ckpt = source.checkpoint
             metrics, reused = train_stage(rc, ckpt, device)
             extra["train_seconds"] = round(float(metrics["train_seconds"]), 1)
             entry = {
@@ -200,18 +269,39 @@ def run_one(
                 "experiments": {},
                 "skipped": {},
             }
+        elif kind == "load":
+            lcfg = ExperimentConfig(n_images=cfg.n_images, probe_images=cfg.probe_images,
+                                    batch_size=cfg.batch_size)  # fmt: skip
+            lhash = config_hash(source.identity() | {"n_images": cfg.n_images,
+                                                     "batch_size": cfg.batch_size})  # fmt: skip
+            marker = run_dir / "load.stage.json"
+            record = _finished(marker, lhash)
+            reused = record is not None
+            if record is None:
+                record = load_stage(source, lcfg, device) | {"config_hash": lhash}
+                write_json(marker, jsonable(record))
+            posenc = record["posenc"]
+            entry = {
+                "seed": seed,
+                "checkpoint": source.spec,
+                "config_hash": lhash,
+                "train": None,
+                "pretrained": {k: v for k, v in record.items() if k != "config_hash"},
+                "experiments": {},
+                "skipped": {},
+            }
         else:
             ecfg = ecfgs[kind]
             marker = run_dir / f"{kind}.stage.json"
-            skip = model in cfg.skips(kind)
-            shash = config_hash(dataclasses.asdict(ecfg) | {"skip": skip})
+            skip = cfg.skips(kind, model, posenc)
+            shash = config_hash(dataclasses.asdict(ecfg) | {"skip": skip} | source.identity())
             record = _finished(marker, shash)
             reused = record is not None
             if record is None:
                 if skip:
                     record = {"skipped": f"not run on {model} in this study (study.only)"}
                 else:
-                    record = experiment_stage(kind, ecfg, ckpt, run_dir, device)
+                    record = experiment_stage(kind, ecfg, source, run_dir, device)
                 record["config_hash"] = shash
                 write_json(marker, jsonable(record))
             if "skipped" in record:
@@ -255,16 +345,17 @@ def run_study(
     """
     out = Path(out)
     experiment_configs(cfg)  # ConfigError before any work
-    runs_todo = [(m, s) for m in cfg.models for s in range(cfg.seeds)]
-    for m, s in runs_todo:
-        run_config(cfg, m, s, threads)
+    _check_sources(cfg)
+    runs_todo = [(m, s) for m in cfg.model_keys for s in range(cfg.seeds)]
+    rcs = {(m, s): None if cfg.pretrained else run_config(cfg, m, s) for m, s in runs_todo}
+    first = "load" if cfg.pretrained else "train"
     n_jobs = _jobs(jobs, device, len(runs_todo))
     if not threads and n_jobs > 1:
         threads = max(1, (os.cpu_count() or 1) // n_jobs)
     start = time.perf_counter()
     stages_total = len(runs_todo) * (1 + len(cfg.experiments))
     weights = {
-        (m, s): sum(_weight(k, cfg, run_config(cfg, m, s)) for k in ("train", *cfg.experiments))
+        (m, s): sum(_weight(k, cfg, rcs[m, s]) for k in (first, *cfg.experiments))
         for m, s in runs_todo
     }
     results_by_run: dict[tuple[str, int], tuple[dict[str, Any], list[dict[str, Any]]]] = {}
@@ -312,11 +403,15 @@ def run_study(
                 while not events.empty():
                     on_event(*events.get())
     runs_seconds = time.perf_counter() - start
-    runs = {m: [results_by_run[m, s][0] for s in range(cfg.seeds)] for m in cfg.models}
+    runs = {m: [results_by_run[m, s][0] for s in range(cfg.seeds)] for m in cfg.model_keys}
     timings = [t for key in runs_todo for t in results_by_run[key][1]]
     models = {
-        m: {"posenc": m, "runs": runs[m], "aggregate": aggregate(runs[m], cfg.experiments)}
-        for m in cfg.models
+        m: {
+            "posenc": runs[m][0]["pretrained"]["posenc"] if cfg.pretrained else m,
+            "runs": runs[m],
+            "aggregate": aggregate(runs[m], cfg.experiments),
+        }
+        for m in cfg.model_keys
     }
     from poslens.study.figures import study_figures
 
@@ -341,6 +436,18 @@ def run_study(
 
     write_report(out, results)
     return results
+
+
+def _check_sources(cfg: StudyConfig) -> None:
+    """Pretrained weights files and the image folder exist: one-line errors before any work."""
+    from poslens.errors import DataError
+
+    for key in cfg.model_keys if cfg.pretrained else ():
+        spec, weights = cfg.source(key)
+        if weights != "hub" and not Path(weights).is_file():
+            raise CheckpointError(f"{spec}: weights file {weights} not found")
+    if cfg.pretrained and not Path(cfg.images).exists():
+        raise DataError(f"image folder {cfg.images} does not exist")
 
 
 class _Direct:

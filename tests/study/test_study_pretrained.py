@@ -1,0 +1,180 @@
+"""The study on pretrained timm models (random weights, saved offline): no training, a load stage,
+analysis seeds, schema, reuse, claims and report; bad sources are one-line errors."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import replace
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from safetensors.torch import save_file
+
+from poslens.errors import CheckpointError, ConfigError, DataError
+from poslens.study import StudyConfig, preset, run_study
+from poslens.study.claims import PRETRAINED_CAVEAT
+
+if os.environ.get("POSLENS_FULL") == "1":
+    import timm
+else:
+    timm = pytest.importorskip("timm")
+
+APE, ROPE = "vit_small_patch16_224", "vit_small_patch16_rope_224"
+SMALL = dict(depth=2, img_size=64, num_classes=5, embed_dim=64, num_heads=2)
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Path]]:
+    """An image folder (5 classes x 16 images) and random weights for an APE and a RoPE model."""
+    root = tmp_path_factory.mktemp("pretrained")
+    rng = np.random.default_rng(0)
+    for k in range(5):
+        (root / "images" / str(k)).mkdir(parents=True)
+        for i in range(16):
+            pixels = rng.integers(0, 256, (72, 80, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(root / "images" / str(k) / f"{i}.png")
+    weights = {}
+    for name in (APE, ROPE):
+        torch.manual_seed(0)
+        tm = timm.create_model(name, pretrained=False, **SMALL)
+        weights[name] = root / f"{name}.safetensors"
+        save_file({k: v.contiguous() for k, v in tm.state_dict().items()}, str(weights[name]))
+    return root / "images", weights
+
+
+@pytest.fixture(autouse=True)
+def small_timm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """poslens builds timm:NAME at its default size; build the small variant the weights fit."""
+    import poslens.models.timm_convert as tc
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    real = tc.create_timm
+    monkeypatch.setattr(
+        tc, "create_timm", lambda name, pretrained=False, **kw: real(name, pretrained, **SMALL)
+    )
+
+
+def _cfg(images: Path, weights: dict[str, Path], **changes: Any) -> StudyConfig:
+    cfg = preset(
+        "quick",
+        pretrained=tuple(f"timm:{n}={w}" for n, w in weights.items()),
+        images=str(images),
+        seeds=2,
+        experiments=("depth_profile", "position_removal", "axis_map"),
+        n_images=40,
+        probe_images=40,
+        batch_size=20,
+        only=(),
+    )
+    return replace(cfg, **changes)
+
+
+@pytest.fixture(scope="module")
+def study(
+    sources: tuple[Path, dict[str, Path]], tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, dict[str, Any]]:
+    import poslens.models.timm_convert as tc
+
+    real = tc.create_timm
+    with pytest.MonkeyPatch.context() as mp:  # module scope: the autouse fixture is per test
+        mp.setattr(
+            tc, "create_timm", lambda n, pretrained=False, **kw: real(n, pretrained, **SMALL)
+        )
+        out = tmp_path_factory.mktemp("study")
+        return out, run_study(_cfg(*sources), out, progress=False, jobs=1)
+
+
+def test_pretrained_study_layout_schema_and_claims(study: tuple[Path, dict[str, Any]]) -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    out, res = study
+    schema = json.loads(resources.files("poslens.study").joinpath("schema.json").read_text())
+    jsonschema.validate(json.loads((out / "results.json").read_text()), schema)
+    assert set(res["models"]) == {APE, ROPE}
+    assert res["models"][APE]["posenc"] == "ape"
+    assert res["models"][ROPE]["posenc"] == "rope_axial"
+    for name, entry in res["models"].items():
+        assert [r["seed"] for r in entry["runs"]] == [0, 1]
+        for r in entry["runs"]:
+            assert r["train"] is None and r["checkpoint"] == f"timm:{name}"
+            assert r["pretrained"]["chance"] == pytest.approx(0.2)
+            assert 0 <= r["pretrained"]["test_acc"] <= 1 and r["pretrained"]["n_images"] == 40
+    assert not (out / "checkpoints").exists()  # nothing is trained
+    stages = [(s["stage"], s["model"], s["seed"]) for s in res["timings"]["stages"]]
+    assert stages[:4] == [("load", APE, 0), ("depth_profile", APE, 0),
+                          ("position_removal", APE, 0), ("axis_map", APE, 0)]  # fmt: skip
+    # the axis map needs rotary planes; the converted naver RoPE model has them (as in timm)
+    assert "axis_map" in res["models"][APE]["runs"][0]["skipped"]
+    assert "axis_map" in res["models"][ROPE]["runs"][0]["experiments"]
+    # analysis seeds: the same weights, another image subset and draws -> other numbers
+    accs = [r["experiments"]["depth_profile"]["headline"]["ssdc_rpi@out"]
+            for r in res["models"][ROPE]["runs"]]  # fmt: skip
+    assert accs[0] != accs[1]
+    for claim in res["claims"]:
+        assert PRETRAINED_CAVEAT in claim["caveats"]
+        assert not any("default task" in c for c in claim["caveats"])
+    report = (out / "report.html").read_text()
+    assert "Pretrained models" in report and f"timm:{APE}" in report
+
+
+def test_pretrained_study_rerun_reuses_every_stage(
+    study: tuple[Path, dict[str, Any]], sources: tuple[Path, dict[str, Path]]
+) -> None:
+    out, res = study
+    again = run_study(_cfg(*sources), out, progress=False, jobs=1)
+    assert all(s["reused"] for s in again["timings"]["stages"])
+    strip = lambda r: {k: v for k, v in r.items() if k not in ("created", "timings")}  # noqa: E731
+    assert strip(again) == strip(res)
+
+
+def test_new_weights_redo_every_stage(
+    study: tuple[Path, dict[str, Any]], sources: tuple[Path, dict[str, Path]], tmp_path: Path
+) -> None:
+    """Stages are keyed on the weights file: other weights under the same name are not reused."""
+    import shutil
+
+    out, _ = study
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    images = sources[0]
+    torch.manual_seed(1)
+    tm = timm.create_model(ROPE, pretrained=False, **SMALL)
+    other = tmp_path / "other.safetensors"
+    save_file({k: v.contiguous() for k, v in tm.state_dict().items()}, str(other))
+    cfg = _cfg(images, {ROPE: other}, seeds=1, experiments=("depth_profile",))
+    res = run_study(cfg, copy, progress=False, jobs=1)
+    assert not any(s["reused"] for s in res["timings"]["stages"])
+
+
+def test_pretrained_config_errors(sources: tuple[Path, dict[str, Path]], tmp_path: Path) -> None:
+    images, weights = sources
+    with pytest.raises(ConfigError, match="study.pretrained"):
+        StudyConfig(pretrained=("vit_base_patch16_224",), images=str(images))
+    with pytest.raises(ConfigError, match="study.pretrained"):
+        StudyConfig(pretrained=(f"timm:{APE}=a", f"timm:{APE}=b"), images=str(images))
+    with pytest.raises(ConfigError, match="study.images"):
+        StudyConfig(pretrained=(f"timm:{APE}=a",))
+    with pytest.raises(ConfigError, match="study.images"):
+        StudyConfig(images=str(images))
+    out = tmp_path / "out"
+    with pytest.raises(CheckpointError, match="not found"):
+        run_study(_cfg(images, {APE: tmp_path / "missing.safetensors"}), out, progress=False)
+    with pytest.raises(DataError, match="does not exist"):
+        run_study(_cfg(tmp_path / "nowhere", weights), out, progress=False)
+    assert not out.exists()
+
+
+def test_paper_preset_for_pretrained_models_is_the_original_protocol() -> None:
+    cfg = preset("paper", pretrained=(f"timm:{APE}=hub",), images="imagenet/val")
+    assert (cfg.n_images, cfg.probe_images, cfg.seeds) == (5000, 1000, 3)
+    assert {"sae_causal.expansion=5", "sae_causal.k=64", "sae_causal.sites=probe"} <= set(
+        cfg.analysis_set
+    )
+    assert cfg.model_keys == (APE,)
+    assert cfg.skips("sae_causal", APE, "ape") is False  # SAEs on the APE model only
+    assert cfg.skips("sae_causal", "vit_base_patch16_rope_224", "rope_axial") is True
