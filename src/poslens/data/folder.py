@@ -4,13 +4,14 @@ same layout read for a pretrained model with its own eval preprocessing (Pretrai
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import torch
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 from torch import Tensor
 
 from poslens.data.config import DataConfig
@@ -127,6 +128,18 @@ _RESAMPLE = {
 }
 
 
+def decode_rgb(source: Path | BinaryIO, name: str) -> Image.Image:
+    """Decode an image file or byte stream to RGB as the folder route does (no EXIF rotation, as
+    torchvision's ImageFolder); `name` says which image in the DataError if it cannot be read."""
+    try:
+        with Image.open(source) as image:
+            return image.convert("RGB")
+    except UnidentifiedImageError:  # PIL's message names the stream object, not the image
+        raise DataError(f"cannot read image {name}: not an image format PIL can decode") from None
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
+        raise DataError(f"cannot read image {name}: {e}") from None
+
+
 @dataclass(frozen=True)
 class Preprocess:
     """timm's eval transform for a pretrained checkpoint (transforms_imagenet_eval): resize to
@@ -153,13 +166,13 @@ class Preprocess:
         crop_pct = data_config.get("crop_pct") or 0.875
         return cls(image_size, float(crop_pct), crop_mode, interpolation, mean, std)  # type: ignore[arg-type]
 
-    def crop(self, path: Path) -> np.ndarray:
-        """Decode as RGB, resize and centre-crop like torchvision on PIL. [3, S, S] uint8."""
-        try:
-            with Image.open(path) as image:
-                image = image.convert("RGB")
-        except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
-            raise DataError(f"cannot read image {path}: {e}") from None
+    def crop(self, image: str | Path | Image.Image) -> np.ndarray:
+        """Resize and centre-crop an image file or decoded image like torchvision on PIL, as RGB.
+        [3, S, S] uint8."""
+        if isinstance(image, Image.Image):
+            image = image.convert("RGB")
+        else:
+            image = decode_rgb(Path(image), str(image))
         scale = math.floor(self.image_size / self.crop_pct)
         if self.crop_mode == "squash":
             size = (scale, scale)
@@ -185,9 +198,13 @@ class Preprocess:
 
 
 def class_indices(
-    names: Sequence[str], num_classes: int, synsets: Sequence[str] | None = None
+    names: Sequence[str],
+    num_classes: int,
+    synsets: Sequence[str] | None = None,
+    kind: str = "class folders",
 ) -> list[int]:
-    """The model's output index for each class folder name.
+    """The model's output index for each class folder name (or ClassLabel name: `kind` says which
+    in the error).
 
     Folder names that are all class indices ("0".."999") or all ImageNet synset ids ("n01440764",
     with `synsets` in the model's class order) map by name; otherwise exactly num_classes folders
@@ -206,18 +223,60 @@ def class_indices(
     if len(names) == num_classes:
         return list(range(num_classes))
     raise DataError(
-        f"{len(names)} class folders cannot be matched to the model's {num_classes} classes: "
+        f"{len(names)} {kind} cannot be matched to the model's {num_classes} classes: "
         f"name them by class index (0..{num_classes - 1})"
         + (" or ImageNet synset id" if synsets is not None else "")
         + f", or give all {num_classes}"
     )
 
 
-class PretrainedFolderTask(Task):
-    """An ImageNet-style folder read for a pretrained model: its own eval preprocessing, labels in
-    its class order. Images are shuffled (seeded) and halved into disjoint val and test splits."""
+class PretrainedImages(Task):
+    """Images for a pretrained model, decoded once with its eval preprocessing (uint8) and labelled
+    in its class order; shuffled (seeded) and halved into disjoint val and test splits."""
 
     name = "folder"
+
+    def __init__(
+        self,
+        preprocess: Preprocess,
+        num_classes: int,
+        crops: Iterable[np.ndarray],
+        labels: Sequence[int],
+        class_names: Mapping[int, str],
+        seed: int,
+        where: str,
+    ) -> None:
+        """`crops`: one preprocess.crop per label, in order; `class_names` names the model classes
+        the data uses; `where` names the data in errors ("image folder DIR")."""
+        super().__init__()
+        self.preprocess = preprocess
+        self.image_size = preprocess.image_size
+        self.in_chans = 3
+        self.num_classes = num_classes
+        self.class_names = [class_names.get(k, str(k)) for k in range(num_classes)]
+        n = len(labels)
+        if n < 2:
+            raise DataError(f"{where} needs at least 2 images (one val, one test)")
+        s = preprocess.image_size
+        images = np.empty((n, 3, s, s), dtype=np.uint8)  # filled in place: one copy in memory
+        for i, pixels in zip(range(n), crops, strict=True):
+            images[i] = pixels
+        self.images = torch.from_numpy(images)
+        self.labels = torch.tensor(list(labels), dtype=torch.int64)
+        order = torch.from_numpy(make_rng(seed, "partition").permutation(n))
+        self.indices = {"val": order[: n // 2], "test": order[n // 2 :]}
+
+    def train_batch(self, step: int, batch_size: int) -> tuple[Tensor, Tensor]:
+        raise DataError("a pretrained model's image data has no training split")
+
+    def _make_split(self, name: str) -> tuple[Tensor, Tensor]:
+        idx = self.indices[name]
+        return self.preprocess.normalise(self.images[idx]), self.labels[idx]
+
+
+class PretrainedFolderTask(PretrainedImages):
+    """An ImageNet-style folder read for a pretrained model: its own eval preprocessing, labels in
+    its class order. Images are shuffled (seeded) and halved into disjoint val and test splits."""
 
     def __init__(
         self,
@@ -227,31 +286,12 @@ class PretrainedFolderTask(Task):
         synsets: Sequence[str] | None = None,
         seed: int = 0,
     ) -> None:
-        super().__init__()
         self.root = Path(root)
-        self.preprocess = preprocess
-        self.image_size = preprocess.image_size
-        self.in_chans = 3
-        self.num_classes = num_classes
         classes = list_classes(self.root, min_classes=1)
-        labels = class_indices([n for n, _ in classes], num_classes, synsets)
-        self.class_names = [str(k) for k in range(num_classes)]
-        for (folder, _), k in zip(classes, labels, strict=True):
-            self.class_names[k] = folder
+        mapped = class_indices([n for n, _ in classes], num_classes, synsets)
         self.files = [f for _, class_files in classes for f in class_files]
-        if len(self.files) < 2:
-            raise DataError(f"image folder {self.root} needs at least 2 images (one val, one test)")
-        self.images = torch.from_numpy(np.stack([preprocess.crop(f) for f in self.files]))
-        self.labels = torch.tensor(
-            [k for k, (_, fs) in zip(labels, classes, strict=True) for _ in fs], dtype=torch.int64
-        )
-        order = torch.from_numpy(make_rng(seed, "partition").permutation(len(self.files)))
-        n_val = len(self.files) // 2
-        self.indices = {"val": order[:n_val], "test": order[n_val:]}
-
-    def train_batch(self, step: int, batch_size: int) -> tuple[Tensor, Tensor]:
-        raise DataError("a pretrained model's image folder has no training split")
-
-    def _make_split(self, name: str) -> tuple[Tensor, Tensor]:
-        idx = self.indices[name]
-        return self.preprocess.normalise(self.images[idx]), self.labels[idx]
+        labels = [k for k, (_, fs) in zip(mapped, classes, strict=True) for _ in fs]
+        names = {k: folder for (folder, _), k in zip(classes, mapped, strict=True)}
+        crops = (preprocess.crop(f) for f in self.files)
+        where = f"image folder {self.root}"
+        super().__init__(preprocess, num_classes, crops, labels, names, seed, where)
