@@ -75,17 +75,23 @@ def load_task(spec: str | Path) -> Task:
 
 
 def load_images(path: str | Path, spec: str, model: ViT, seed: int = 0) -> Task:
-    """An ImageNet-style folder (one subfolder per class) for pretrained model `spec` ("timm:NAME"),
-    preprocessed with its timm pretrained config and labelled in `model`'s class order."""
+    """Images for pretrained model `spec` ("timm:NAME"), preprocessed with its timm pretrained
+    config and labelled in `model`'s class order, halved (seeded) into val and test.
+
+    `path` is an ImageNet-style folder (one subfolder per class) or a Hugging Face `datasets`
+    directory from save_to_disk (needs the [hf] extra); for a DatasetDict, "DIR::SPLIT" picks the
+    split (default "validation", else "test", else the only one).
+    """
     from poslens.data.folder import PretrainedFolderTask
+    from poslens.data.hf import PretrainedHFTask, is_hf_dataset
     from poslens.models.timm_convert import imagenet_synsets, timm_preprocess
 
     if not (isinstance(spec, str) and spec.startswith("timm:")):
-        raise UserError(
-            f"image folders with pretrained preprocessing need a timm:NAME model, got {spec}"
-        )
+        raise UserError(f"images with pretrained preprocessing need a timm:NAME model, got {spec}")
     if model.cfg.in_chans != 3:
-        raise UserError(f"{spec} takes {model.cfg.in_chans} input channels; image folders are RGB")
+        raise UserError(f"{spec} takes {model.cfg.in_chans} input channels; images are read as RGB")
     preprocess = timm_preprocess(spec[len("timm:") :], model.cfg.image_size)
     n = model.cfg.num_classes
+    if is_hf_dataset(path):
+        return PretrainedHFTask(path, preprocess, n, imagenet_synsets(n), seed=seed)
     return PretrainedFolderTask(path, preprocess, n, imagenet_synsets(n), seed=seed)
