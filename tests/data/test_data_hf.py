@@ -276,3 +276,16 @@ def test_analyze_pretrained_on_hf_dataset(weights: Path, tiny_timm: None, tmp_pa
     assert task.image_size == model.cfg.image_size and sorted(task.labels.tolist()) == sorted(
         i % 5 for i in range(rows)
     )
+
+
+@pytest.mark.skipif(cli is None, reason="timm not installed (pip install 'poslens[timm]')")
+def test_analyze_on_a_missing_split_is_one_line(
+    weights: Path, tiny_timm: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ds = _dataset([_image(0), _image(1)], [0, 1], list("01234"))
+    data = _save(datasets.DatasetDict(train=ds, extra=ds), tmp_path / "hf")
+    out = tmp_path / "out"
+    assert cli._analyze(weights, data, out, "--experiments", "depth_profile") == 2
+    err = capsys.readouterr().err
+    assert "has splits train, extra; pick one with" in err and err.count("\n") == 1
+    assert not out.exists()
