@@ -113,8 +113,13 @@ def test_task_labels_splits_and_pixels(tmp_path: Path) -> None:
         f = task.files[i]
         assert yt[j] == int(f.parent.name)
         assert torch.equal(xt[j], pre.normalise(torch.from_numpy(pre.crop(f))[None])[0])
-    with pytest.raises(DataError, match="no training split"):
-        task.train_batch(0, 4)
+    # training batches (for SAEs) come from the val half only, seeded by step
+    xb, yb = task.train_batch(0, 8)
+    assert xb.shape == (8, 3, 32, 32) and torch.equal(xb, task.train_batch(0, 8)[0])
+    val_images = {tuple(x.flatten().tolist()) for x in xv}
+    assert all(tuple(x.flatten().tolist()) in val_images for x in xb)
+    assert set(yb.tolist()) <= set(yv.tolist())
+    assert not torch.equal(xb, task.train_batch(1, 8)[0])
 
 
 def test_task_rejects_folder_that_does_not_fit(tmp_path: Path) -> None:

@@ -232,7 +232,8 @@ def class_indices(
 
 class PretrainedImages(Task):
     """Images for a pretrained model, decoded once with its eval preprocessing (uint8) and labelled
-    in its class order; shuffled (seeded) and halved into disjoint val and test splits."""
+    in its class order; shuffled (seeded) and halved into disjoint val and test splits. There is
+    no training split: training batches (for SAEs) are drawn from the val half."""
 
     name = "folder"
 
@@ -265,9 +266,16 @@ class PretrainedImages(Task):
         self.labels = torch.tensor(list(labels), dtype=torch.int64)
         order = torch.from_numpy(make_rng(seed, "partition").permutation(n))
         self.indices = {"val": order[: n // 2], "test": order[n // 2 :]}
+        self.seed = seed
 
     def train_batch(self, step: int, batch_size: int) -> tuple[Tensor, Tensor]:
-        raise DataError("a pretrained model's image data has no training split")
+        """Images drawn with replacement (seeded by step) from the val half, never the test half:
+        what analysis trains (SAEs, probes' partners) stays disjoint from where it is evaluated."""
+        check_batch_args(step, batch_size)
+        val = self.indices["val"]
+        pick = make_rng(self.seed, "train", step).integers(0, len(val), batch_size)
+        idx = val[torch.from_numpy(pick)]
+        return self.preprocess.normalise(self.images[idx]), self.labels[idx]
 
     def _make_split(self, name: str) -> tuple[Tensor, Tensor]:
         idx = self.indices[name]
