@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Set up .venv with the [timm] extra (so the timm parity tests run) and run the whole test suite.
+# Set up .venv with the [timm] and [hf] extras (so the timm parity and datasets tests run) and run
+# the whole test suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh --timm
