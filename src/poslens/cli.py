@@ -33,6 +33,14 @@ def resolve_device(name: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def _rank_zero() -> bool:
+    """Whether this process prints and writes: rank 0 under torchrun (read from the environment,
+    so no process group is joined just to ask), the only process otherwise."""
+    import os
+
+    return int(os.environ.get("RANK", "0")) == 0
+
+
 def _run_configs(args: argparse.Namespace) -> list[tuple[str, RunConfig]]:
     from poslens.training.config import apply_overrides, load_config, preset
 
@@ -57,6 +65,8 @@ def cmd_train(args: argparse.Namespace) -> int:
             cfg, target, resume=args.resume, progress=not args.no_progress, device=args.device
         )
         results.append((name, m, target))
+    if not _rank_zero():  # under torchrun rank 0 reports; train() has saved and synchronised
+        return 0
     if len(results) > 1:
         from poslens.io import atomic_write
         from poslens.training.plots import learning_curves
@@ -113,9 +123,9 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     import time
 
     import poslens
-    from poslens import experiments
+    from poslens import distributed, experiments
     from poslens._config import override
-    from poslens.experiments.common import jsonable, save
+    from poslens.experiments.common import autocast, jsonable, save
     from poslens.io import write_json
 
     names = (
@@ -128,19 +138,24 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         "batch_size": args.batch_size,
         "seed": args.seed,
         "probe_block": args.probe_block,
+        "precision": args.precision,
     }
     sets = _overrides(args.set, names)
     # ConfigError before any work, too
     configs = [
-        m.Config(**common, **override(m.Config, n, sets.get(n, {})))
+        m.Config(**{**common, **override(m.Config, n, sets.get(n, {}))})
         for n, m in zip(names, modules, strict=True)
     ]
+    try:
+        device = str(distributed.device_for(args.device))  # cuda:LOCAL_RANK under torchrun
+    except RuntimeError:
+        device = args.device  # not a torch device: load() says so
     if args.model is not None:
         if args.checkpoint is not None:
             raise UserError("poslens analyze takes a checkpoint folder or --model, not both")
         if args.data is None:
             raise UserError(f"--model {args.model} needs --data DIR, a folder of class subfolders")
-        model = poslens.load(args.model, weights=args.weights, device=args.device)
+        model = poslens.load(args.model, weights=args.weights, device=device)
         data = poslens.load_images(args.data, args.model, model, seed=args.seed)
         source = {"model": args.model, "weights": str(args.weights), "data": str(args.data)}
     else:
@@ -148,9 +163,10 @@ def cmd_analyze(args: argparse.Namespace) -> int:
             raise UserError("poslens analyze needs a checkpoint folder or --model timm:NAME")
         if args.data is not None or args.weights is not None:
             raise UserError("--data and --weights go with --model timm:NAME, not a checkpoint")
-        model = poslens.load(args.checkpoint, device=args.device)
+        model = poslens.load(args.checkpoint, device=device)
         data = poslens.load_task(args.checkpoint)
         source = {"checkpoint": str(args.checkpoint)}
+    autocast(model, args.precision)  # UserError now if torch cannot run this precision here
     out = Path(args.out)
     summary: dict[str, object] = {
         **source,
@@ -159,24 +175,32 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         "analysis": common,
         "experiments": {},
     }
+    # Under torchrun every rank evaluates its share of the images; rank 0 prints and writes.
+    main = distributed.is_main()
+    report = print if main else lambda *_a, **_k: None
     for name, module, cfg in zip(names, modules, configs, strict=True):
         reason = module.applies(model)
         if reason is not None:
-            print(f"{name:<18} skipped: {reason}")
+            report(f"{name:<18} skipped: {reason}")
             summary["experiments"][name] = {"skipped": reason}  # type: ignore[index]
             continue
         start = time.perf_counter()
-        result = module.run(model, data, cfg, progress=not args.no_progress)
-        files = save(result, out)
+        result = module.run(model, data, cfg, progress=main and not args.no_progress)
+        files = save(result, out, config=cfg)
         seconds = time.perf_counter() - start
         summary["experiments"][name] = {  # type: ignore[index]
             "seconds": round(seconds, 1),
             "files": [f.name for f in files],
             "config": dataclasses.asdict(cfg),
         }
-        print(f"{name:<18} {seconds:6.0f}s  {', '.join(f.name for f in files)}")
-    write_json(out / "analysis.json", jsonable(summary))
-    print(f"results in {out}")
+        report(f"{name:<18} {seconds:6.0f}s  {', '.join(f.name for f in files)}")
+    if main:
+        world = distributed.world()[1]
+        if world > 1:
+            summary["processes"] = world
+        write_json(out / "analysis.json", jsonable(summary))
+    distributed.barrier()
+    report(f"results in {out}")
     return 0
 
 
@@ -193,9 +217,17 @@ def cmd_sae_train(args: argparse.Namespace) -> int:
     model = poslens.load(args.checkpoint, device=args.device)
     task = poslens.load_task(args.checkpoint)
     cfg.d_sae(model.cfg.dim)  # ConfigError now if k does not fit, before any work
+    main = _rank_zero()  # under torchrun only rank 0 reports
     r = train_on_checkpoint(
-        model, task, cfg, Path(args.out), n_images=args.images, progress=not args.no_progress
+        model,
+        task,
+        cfg,
+        Path(args.out),
+        n_images=args.images,
+        progress=main and not args.no_progress,
     )
+    if not main:
+        return 0
     q, sp, pl = r["quality"], r["spliced"], r["positional_latents"]
     print(
         f"{cfg.site}: FVU {q['fvu']:.3f}  L0 {q['l0']:.1f}  dead {q['dead_fraction']:.1%}  "
@@ -293,6 +325,13 @@ def build_parser() -> argparse.ArgumentParser:
         "sae_causal.sites=blocks.0.hook_resid_pre,blocks.2.hook_resid_pre (repeatable)",
     )
     a.add_argument("--device", default="cpu", help=DEVICE_HELP)
+    a.add_argument(
+        "--precision",
+        choices=("fp32", "bf16", "fp16"),
+        default="fp32",
+        help="forward passes in float32 (default) or under torch.autocast in bfloat16 / float16; "
+        "statistics are always computed in float32 or float64",
+    )
     a.add_argument("--no-progress", action="store_true", help="no progress bars")
     a.set_defaults(fn=cmd_analyze)
 

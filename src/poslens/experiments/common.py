@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import dataclasses
 import io
 import math
 import sys
@@ -71,6 +72,33 @@ def floor_condition(model: ViT) -> Condition:
     return combine(*parts) if parts else intact
 
 
+PRECISIONS = ("fp32", "bf16", "fp16")
+_AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def autocast(model: ViT, precision: str) -> contextlib.AbstractContextManager[Any]:
+    """Forward passes of `model` in `precision`: torch.autocast on the model's device for bf16 and
+    fp16, nothing at all for fp32 (so fp32 results are the plain float32 model's)."""
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    one_of("analysis.precision", precision, PRECISIONS)
+    device_type, dtype = model.head.weight.device.type, _AUTOCAST_DTYPES[precision]
+    problem = None
+    try:
+        with torch.autocast(device_type, dtype=dtype):  # a disabled autocast only warns
+            probe = torch.ones(2, 2, device=model.head.weight.device)
+            if (probe @ probe).dtype != dtype:
+                problem = "autocast stayed in float32"
+    except (RuntimeError, ValueError, AssertionError) as e:
+        problem = str(e).splitlines()[0] if str(e) else type(e).__name__
+    if problem is not None:
+        raise UserError(
+            f"--precision {precision} is not supported on {device_type} by torch "
+            f"{torch.__version__} ({problem}); use fp32 or another precision"
+        )
+    return torch.autocast(device_type, dtype=dtype)
+
+
 @dataclass(frozen=True)
 class ExperimentConfig:
     """Sample sizes and seeds shared by every experiment."""
@@ -82,6 +110,7 @@ class ExperimentConfig:
     draws: int = 3  # seeded draws for every random control
     split: str = "test"  # which fixed split of the task to evaluate on
     probe_block: int = -1  # site for single-block probes; -1: chosen from the baseline
+    precision: str = "fp32"  # forward passes: fp32, or bf16 / fp16 under torch.autocast
 
     def __post_init__(self) -> None:
         for name in ("n_images", "probe_images", "batch_size", "draws"):
@@ -97,6 +126,7 @@ class ExperimentConfig:
                 f"({self.n_images})"
             )
         one_of("analysis.split", self.split, ("val", "test"))
+        one_of("analysis.precision", self.precision, PRECISIONS)
         if not isinstance(self.probe_block, int) or self.probe_block < -1:
             raise ConfigError(
                 f"analysis.probe_block must be -1 (automatic) or a site index, got {self.probe_block!r}"
@@ -182,7 +212,74 @@ class Readout:
         return out
 
 
+# ------------------------------------------------------------------ torchrun sharding
+
+
+def shard(n: int, batch_size: int) -> list[int]:
+    """Start indices of the batches of `n` images this rank evaluates: under torchrun rank r takes
+    batches r, r + world, ...; in one process all of them, in order."""
+    rank, world = distributed.world()
+    return list(range(0, n, batch_size))[rank::world]
+
+
+def gather(parts: list[tuple[int, Any]]) -> list[tuple[int, Any]]:
+    """Every rank's (batch start, payload) pairs, sorted by start: the single-process order."""
+    if distributed.world()[1] > 1:
+        import torch.distributed as dist
+
+        gathered: list[Any] = [None] * distributed.world()[1]
+        dist.all_gather_object(gathered, parts)
+        parts = [item for rank_parts in gathered for item in rank_parts]
+    return sorted(parts, key=lambda item: item[0])
+
+
+def in_order(parts: list[tuple[int, torch.Tensor]]) -> torch.Tensor:
+    """Per-batch tensors concatenated in image order, gathered from every rank under torchrun."""
+    return torch.cat([t for _, t in gather(parts)])
+
+
+def reduce_sum(*tensors: torch.Tensor) -> None:
+    """Sum each tensor in place over the ranks (through the CPU: gloo); a no-op in one process."""
+    if distributed.world()[1] > 1:
+        import torch.distributed as dist
+
+        for t in tensors:
+            buf = t.detach().to("cpu", copy=True)
+            dist.all_reduce(buf)
+            t.copy_(buf)
+
+
+def reduce_count(n: int) -> int:
+    """An image count summed over the ranks."""
+    total = torch.tensor([n], dtype=torch.float64)
+    reduce_sum(total)
+    return int(total.item())
+
+
 @torch.no_grad()
+def mean_activations(
+    model: ViT, images: torch.Tensor, names: Sequence[str], batch_size: int, precision: str
+) -> dict[str, torch.Tensor]:
+    """Mean over images of each named activation [T, ...] (as interventions.mean_activations),
+    sharded across ranks under torchrun and run in `precision`."""
+    names = model.resolve_names(list(names))
+    dev = model.head.weight.device
+    parts = []
+    with autocast(model, precision):
+        for start in shard(len(images), batch_size):
+            _, cache = model.run_with_cache(images[start : start + batch_size].to(dev), names)
+            parts.append((start, {n: cache[n].double().sum(0).cpu() for n in names}))
+    sums: dict[str, torch.Tensor] = {}
+    for _, batch in gather(parts):  # summed in image order: the same on every rank
+        for n in names:
+            sums[n] = sums[n] + batch[n] if n in sums else batch[n]
+    return {n: (sums[n] / len(images)).float().to(dev) for n in names}
+
+
+def _is_cuda_oom(e: BaseException, model: ViT) -> bool:
+    return model.head.weight.device.type == "cuda" and isinstance(e, torch.cuda.OutOfMemoryError)
+
+
 def measure(
     model: ViT,
     images: torch.Tensor,
@@ -196,8 +293,40 @@ def measure(
     """Evaluate `model` under `condition`: pass 1 on the images as they are (accuracy, margins,
     probe features, clean SSDC), pass 2 under RPI (SSDC of index-anchored structure).
 
-    probe_control: fit the probes on shuffled labels instead (the chance-level control).
+    probe_control: fit the probes on shuffled labels instead (the chance-level control). On CUDA
+    in one process, running out of memory retries with half the batch size (with a warning).
     """
+    while True:
+        try:
+            return _measure(
+                model, images, labels, cfg, condition, probe_sites, clean_ssdc, probe_control
+            )
+        except RuntimeError as e:
+            # Under torchrun the ranks would disagree on the batches: no retry there.
+            if not _is_cuda_oom(e, model) or cfg.batch_size == 1 or distributed.world()[1] > 1:
+                raise
+            half = max(1, cfg.batch_size // 2)
+            print(
+                f"poslens: warning: CUDA out of memory at batch size {cfg.batch_size}; "
+                f"retrying with {half}",
+                file=sys.stderr,
+            )
+            torch.cuda.empty_cache()
+            cfg = dataclasses.replace(cfg, batch_size=half)
+
+
+@torch.no_grad()
+def _measure(
+    model: ViT,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    cfg: ExperimentConfig,
+    condition: Condition = intact,
+    probe_sites: Sequence[int] = (),
+    clean_ssdc: bool = False,
+    probe_control: bool = False,
+) -> Readout:
+    """measure() at cfg.batch_size."""
     raw, norm = site_names(model)
     p = model.cfg.num_prefix
     dev = model.head.weight.device
@@ -209,9 +338,8 @@ def measure(
     margin: list[tuple[int, torch.Tensor]] = []
     gh, gw = model.grid_of(images[:1])
     clean = [SSDC(gh, gw) for _ in raw + norm] if clean_ssdc else []
-    rank, world = distributed.world()  # under torchrun each rank takes every world-th batch
-    starts = list(range(0, len(images), cfg.batch_size))[rank::world]
-    with condition(model):
+    starts = shard(len(images), cfg.batch_size)  # under torchrun: every world-th batch
+    with autocast(model, cfg.precision), condition(model):
         for start in starts:
             xb = images[start : start + cfg.batch_size].to(dev)
             yb = labels[start : start + cfg.batch_size].to(dev)
@@ -242,11 +370,11 @@ def measure(
     clean_values = np.array([s.value() for s in clean]) if clean_ssdc else None
     probes = None
     if probe_sites:
-        stacked = torch.stack([_in_order(f) for f in feats])  # [sites, N, T, D]
+        stacked = torch.stack([in_order(f) for f in feats])  # [sites, N, T, D]
         probes = fit_position_probes(stacked, gh, gw, seed=cfg.seed, shuffle_labels=probe_control)
     return Readout(
-        correct=_in_order(correct).numpy(),
-        margin=_in_order(margin).double().numpy(),
+        correct=in_order(correct).numpy(),
+        margin=in_order(margin).double().numpy(),
         ssdc_rpi=values[:n_sites],
         ssdc_rpi_norm=values[n_sites:],
         ssdc_clean=None if clean_values is None else clean_values[:n_sites],
@@ -254,17 +382,6 @@ def measure(
         probes=probes,
         probe_sites=probe_sites,
     )
-
-
-def _in_order(parts: list[tuple[int, torch.Tensor]]) -> torch.Tensor:
-    """Concatenate per-batch results in image order, gathered from every rank under torchrun."""
-    if distributed.world()[1] > 1:
-        import torch.distributed as dist
-
-        gathered: list[Any] = [None] * distributed.world()[1]
-        dist.all_gather_object(gathered, parts)
-        parts = [item for rank_parts in gathered for item in rank_parts]
-    return torch.cat([t for _, t in sorted(parts, key=lambda item: item[0])])
 
 
 def choose_probe_site(base: Readout) -> int:
@@ -335,22 +452,38 @@ def _csv_text(rows: list[dict[str, Any]]) -> str:
     return buf.getvalue()
 
 
-def save(result: Result, out: Path, formats: Iterable[str] = ("png",)) -> list[Path]:
+def save(
+    result: Result,
+    out: Path,
+    formats: Iterable[str] = ("png",),
+    config: ExperimentConfig | None = None,
+) -> list[Path]:
     """Write `<name>.json`, one `<name>_<table>.csv` per table and `<name>.<fmt>` figures, each
-    atomically. Returns the paths written."""
-    out.mkdir(parents=True, exist_ok=True)
+    atomically. Returns the paths written.
+
+    config: recorded in the JSON as "config" (sample sizes, seed, precision). Under torchrun only
+    rank 0 writes; every rank returns the same paths once the files exist (a barrier).
+    """
+    tables = result.tables()
+    formats = list(formats)
     written = [out / f"{result.name}.json"]
-    write_json(written[0], jsonable(result.to_dict()))
-    for table, rows in result.tables().items():
-        path = out / f"{result.name}_{table}.csv"
-        text = _csv_text(rows)
-        atomic_write(path, lambda p, text=text: p.write_text(text))
-        written.append(path)
-    fig = result.plot()
-    for fmt in formats:
-        path = out / f"{result.name}.{fmt}"
-        atomic_write(path, lambda p, fmt=fmt: fig.savefig(p, format=fmt, dpi=120))
-        written.append(path)
+    written += [out / f"{result.name}_{table}.csv" for table in tables]
+    written += [out / f"{result.name}.{fmt}" for fmt in formats]
+    if distributed.is_main():
+        out.mkdir(parents=True, exist_ok=True)
+        doc = result.to_dict()
+        if config is not None:
+            doc = {**doc, "config": dataclasses.asdict(config)}
+        write_json(written[0], jsonable(doc))
+        for table, rows in tables.items():
+            text = _csv_text(rows)
+            path = out / f"{result.name}_{table}.csv"
+            atomic_write(path, lambda p, text=text: p.write_text(text))
+        fig = result.plot()
+        for fmt in formats:
+            path = out / f"{result.name}.{fmt}"
+            atomic_write(path, lambda p, fmt=fmt: fig.savefig(p, format=fmt, dpi=120))
+    distributed.barrier()
     return written
 
 
@@ -358,8 +491,8 @@ T = TypeVar("T")
 
 
 def track(items: Sequence[T], description: str, enabled: bool) -> Iterator[T]:
-    """Iterate with a progress bar on stderr (a no-op when disabled)."""
-    if not enabled:
+    """Iterate with a progress bar on stderr (a no-op when disabled, and on ranks other than 0)."""
+    if not enabled or not distributed.is_main():
         yield from items
         return
     with Progress(

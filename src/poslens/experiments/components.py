@@ -27,15 +27,19 @@ from poslens.experiments.common import (
     Condition,
     ConditionResult,
     ExperimentConfig,
+    autocast,
     eval_images,
+    gather,
+    mean_activations,
     measure,
     reference,
+    shard,
     site_labels,
     site_names,
     summarise,
     track,
 )
-from poslens.interventions import ablate, mean_activations, patch, rpi
+from poslens.interventions import ablate, patch, rpi
 from poslens.interventions.ablation import COMPONENTS, component_hook
 from poslens.metrics import SSDC, correct_class_margin
 from poslens.models.vit import ViT
@@ -250,40 +254,44 @@ def run_patching(model: ViT, images: torch.Tensor, labels: torch.Tensor, cfg: Co
     ]
     targets += [("resid", "all", donor, names["resid"]) for donor in DONORS]
     dev = model.head.weight.device
-    stats: dict[Any, dict[str, Any]] = {}
+    gh, gw = model.grid_of(images[:1])
+    ssdc = {k: SSDC(gh, gw) for k in ["clean", "rpi", *((s, b, d) for s, b, d, _ in targets)]}
+    parts: list[tuple[int, dict[Any, tuple[torch.Tensor, torch.Tensor]]]] = []
 
     def record(
-        key: Any, logits: torch.Tensor, y: torch.Tensor, out: torch.Tensor, gh: int, gw: int
+        batch: dict[Any, Any], key: Any, logits: torch.Tensor, y: torch.Tensor, out: torch.Tensor
     ) -> None:
-        s = stats.setdefault(key, {"margin": [], "correct": [], "ssdc": SSDC(gh, gw)})
-        s["margin"].append(correct_class_margin(logits.float(), y).cpu())
-        s["correct"].append((logits.argmax(-1) == y).cpu())
-        s["ssdc"].update(out[:, p:])
+        batch[key] = (correct_class_margin(logits.float(), y).cpu(), (logits.argmax(-1) == y).cpu())
+        ssdc[key].update(out[:, p:])
 
     every = sorted({n for site_names_ in names.values() for n in site_names_})
-    for start in range(0, len(images), cfg.batch_size):
-        xb, yb = (
-            images[start : start + cfg.batch_size].to(dev),
-            labels[start : start + cfg.batch_size].to(dev),
-        )
-        gh, gw = model.grid_of(xb)
-        logits, clean = model.run_with_cache(xb, [*every, raw[-1]])
-        record("clean", logits, yb, clean[raw[-1]], gh, gw)
-        with rpi(model, seed=cfg.seed):
-            logits, cache = model.run_with_cache(xb, [raw[-1]])
-            record("rpi", logits, yb, cache[raw[-1]], gh, gw)
-            for site, b, donor, hook_names in targets:
-                values = {n: _donor(clean[n], donor, p, gw) for n in hook_names}
-                with patch(model, values):
-                    logits, cache = model.run_with_cache(xb, [raw[-1]])
-                record((site, b, donor), logits, yb, cache[raw[-1]], gh, gw)
+    with autocast(model, cfg.precision):
+        for start in shard(len(images), cfg.batch_size):  # under torchrun: every world-th batch
+            xb, yb = (
+                images[start : start + cfg.batch_size].to(dev),
+                labels[start : start + cfg.batch_size].to(dev),
+            )
+            batch: dict[Any, Any] = {}
+            logits, clean = model.run_with_cache(xb, [*every, raw[-1]])
+            record(batch, "clean", logits, yb, clean[raw[-1]])
+            with rpi(model, seed=cfg.seed):
+                logits, cache = model.run_with_cache(xb, [raw[-1]])
+                record(batch, "rpi", logits, yb, cache[raw[-1]])
+                for site, b, donor, hook_names in targets:
+                    values = {n: _donor(clean[n], donor, p, gw) for n in hook_names}
+                    with patch(model, values):
+                        logits, cache = model.run_with_cache(xb, [raw[-1]])
+                    record(batch, (site, b, donor), logits, yb, cache[raw[-1]])
+            parts.append((start, batch))
+    for acc in ssdc.values():
+        acc.all_reduce()
+    ordered = [batch for _, batch in gather(parts)]  # every rank's batches, in image order
 
     def values(key: Any) -> dict[str, float]:
-        s = stats[key]
         return {
-            "margin": float(torch.cat(s["margin"]).double().mean()),
-            "accuracy": float(torch.cat(s["correct"]).double().mean()),
-            "ssdc_out": s["ssdc"].value(),
+            "margin": float(torch.cat([batch[key][0] for batch in ordered]).double().mean()),
+            "accuracy": float(torch.cat([batch[key][1] for batch in ordered]).double().mean()),
+            "ssdc_out": ssdc[key].value(),
         }
 
     clean_v, rpi_v = values("clean"), values("rpi")
@@ -304,7 +312,11 @@ def run(model: ViT, data: Task, cfg: Config | None = None, progress: bool = Fals
     cfg = cfg or Config()
     x, y = eval_images(data, cfg)
     hooks = [component_hook(c, b) for c in COMPONENTS for b in range(model.cfg.depth)]
-    means = mean_activations(model, x, hooks, cfg.batch_size) if "mean" in cfg.modes else {}
+    means = (
+        mean_activations(model, x, hooks, cfg.batch_size, cfg.precision)
+        if "mean" in cfg.modes
+        else {}
+    )
     conds = ablations(model, cfg, means)
     steps: list[Any] = ["reference", *conds, *(["patching"] if cfg.patching else [])]
     ref, results, patching = None, [], None

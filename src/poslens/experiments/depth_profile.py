@@ -17,10 +17,13 @@ from matplotlib.figure import Figure
 from poslens.data import Task
 from poslens.experiments.common import (
     ExperimentConfig,
+    autocast,
     choose_probe_site,
     eval_images,
+    in_order,
     measure,
     probe_rows,
+    shard,
     site_labels,
     site_names,
     track,
@@ -124,13 +127,20 @@ class DepthProfile:
 
 
 @torch.no_grad()
-def _effective_ranks(model: ViT, images: torch.Tensor) -> np.ndarray:
+def _effective_ranks(model: ViT, images: torch.Tensor, cfg: ExperimentConfig) -> np.ndarray:
+    """Effective rank of the centred patch tokens at every site, over all of `images` (batches
+    sharded across ranks under torchrun, the tokens gathered in image order)."""
     _, norm = site_names(model)
-    _, cache = model.run_with_cache(images.to(model.head.weight.device), norm)
-    p = model.cfg.num_prefix
+    p, dev = model.cfg.num_prefix, model.head.weight.device
+    parts: list[list[tuple[int, torch.Tensor]]] = [[] for _ in norm]
+    with autocast(model, cfg.precision):
+        for start in shard(len(images), cfg.batch_size):
+            _, cache = model.run_with_cache(images[start : start + cfg.batch_size].to(dev), norm)
+            for i, n in enumerate(norm):
+                parts[i].append((start, cache[n][:, p:].float().cpu()))
     ranks = []
-    for n in norm:
-        x = cache[n][:, p:].flatten(0, 1).double()
+    for site_parts in parts:
+        x = in_order(site_parts).flatten(0, 1).double()
         ranks.append(effective_rank(x - x.mean(0)))
     return np.array(ranks)
 
@@ -162,7 +172,7 @@ def run(
         probes=base.probes,
         control=ctrl.probes,
         control_ssdc_rpi=ctrl.ssdc_rpi,
-        effective_rank=_effective_ranks(model, x[: cfg.probe_images]),
+        effective_rank=_effective_ranks(model, x[: cfg.probe_images], cfg),
         probe_site=cfg.probe_block if cfg.probe_block >= 0 else choose_probe_site(base),
         n_images=len(x),
         probe_images=cfg.probe_images,

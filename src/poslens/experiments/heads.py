@@ -73,11 +73,15 @@ from poslens.experiments.common import (
     ConditionResult,
     ExperimentConfig,
     Readout,
+    autocast,
     combine,
     eval_images,
     intact,
     measure,
+    reduce_count,
+    reduce_sum,
     reference,
+    shard,
     site_labels,
     summarise,
     track,
@@ -335,6 +339,11 @@ class AttentionAccumulator:
 
         return hook
 
+    def all_reduce(self) -> None:
+        """Sum the statistics and image counts of every rank (torchrun)."""
+        reduce_sum(self.ss_total, *self.group_sums, self.abs_d_sum, self.mass_sum)
+        self.n_images = reduce_count(self.n_images)
+
     def result(self, min_explained: float) -> AttentionStats:
         n = self.n_images
         explained = [  # [depth, H]
@@ -367,17 +376,20 @@ def attention_stats(
     batch_size: int = 250,
     min_explained: float = 0.05,
     condition: Condition = intact,
+    precision: str = "fp32",
 ) -> AttentionStats:
-    """Attention statistics of every block and head on `images` (under `condition`)."""
+    """Attention statistics of every block and head on `images` (under `condition`), the batches
+    sharded across ranks under torchrun and the sums reduced."""
     cfg = model.cfg
     dev = model.head.weight.device
     gh, gw = model.grid_of(images[:1])
     acc = AttentionAccumulator(cfg.depth, cfg.heads, gh, gw, cfg.num_prefix, dev)
-    with condition(model), model.hooks(acc.hooks(cfg.depth)):
-        for start in range(0, len(images), batch_size):
+    with autocast(model, precision), condition(model), model.hooks(acc.hooks(cfg.depth)):
+        for start in shard(len(images), batch_size):
             xb = images[start : start + batch_size].to(dev)
             model(xb)
             acc.n_images += len(xb)
+    acc.all_reduce()
     return acc.result(min_explained)
 
 
@@ -1001,7 +1013,9 @@ def run(model: ViT, data: Task, cfg: Config | None = None, progress: bool = Fals
         state["ref"] = ref
 
     def do_attention() -> None:
-        state["attention"] = attention_stats(model, x, cfg.batch_size, cfg.min_explained)
+        state["attention"] = attention_stats(
+            model, x, cfg.batch_size, cfg.min_explained, precision=cfg.precision
+        )
 
     def do_carry(unit: Unit) -> Callable[[], None]:
         def step() -> None:

@@ -26,13 +26,16 @@ from poslens.experiments.common import (
     ConditionResult,
     ExperimentConfig,
     Readout,
+    autocast,
     combine,
     compare,
     eval_images,
     floor_condition,
     measure,
     probe_rows,
+    reduce_sum,
     reference,
+    shard,
     site_labels,
     summarise,
     track,
@@ -76,18 +79,22 @@ def blocked(model: ViT) -> contextlib.AbstractContextManager[None]:
 
 
 @torch.no_grad()
-def prefix_mass(model: ViT, images: torch.Tensor, batch_size: int) -> np.ndarray:
+def prefix_mass(
+    model: ViT, images: torch.Tensor, batch_size: int, precision: str = "fp32"
+) -> np.ndarray:
     """[depth, H]: attention that patch queries give to prefix keys (summed over prefix keys,
-    averaged over patch queries and images), in the intact model."""
+    averaged over patch queries and images), in the intact model; sharded under torchrun."""
     p, depth = model.cfg.num_prefix, model.cfg.depth
     names = [f"blocks.{b}.attn.hook_pattern" for b in range(depth)]
     total = torch.zeros(depth, model.cfg.heads, dtype=torch.float64)
     dev = model.head.weight.device
-    for start in range(0, len(images), batch_size):
-        _, cache = model.run_with_cache(images[start : start + batch_size].to(dev), names)
-        for b, n in enumerate(names):
-            mass = cache[n][:, :, p:, :p].sum(-1)  # [B, H, patches]
-            total[b] += mass.double().mean(-1).sum(0).cpu()
+    with autocast(model, precision):
+        for start in shard(len(images), batch_size):
+            _, cache = model.run_with_cache(images[start : start + batch_size].to(dev), names)
+            for b, n in enumerate(names):
+                mass = cache[n][:, :, p:, :p].float().sum(-1)  # [B, H, patches]
+                total[b] += mass.double().mean(-1).sum(0).cpu()
+    reduce_sum(total)
     return (total / len(images)).numpy()
 
 
@@ -207,7 +214,7 @@ def run(
         if step == "reference":
             ref = reference(model, x, y, cfg)
         elif step == "attention":
-            mass = prefix_mass(model, x, cfg.batch_size)
+            mass = prefix_mass(model, x, cfg.batch_size, cfg.precision)
         else:
             readouts[step] = measure(model, x, y, cfg, conds[step], probe_sites=sites)
     assert ref is not None and ref.base.probes is not None

@@ -31,6 +31,7 @@ from poslens.experiments.common import (
     ConditionResult,
     ExperimentConfig,
     Readout,
+    autocast,
     eval_images,
     floor_condition,
     measure,
@@ -354,11 +355,14 @@ def run_site(
     idx = site_index(model, site)
     probe_sites = [idx, model.cfg.depth]
     if sae is None:
-        store = ActivationStore.from_model(model, training_images(data, cfg.train_images), site)
+        with autocast(model, cfg.precision):  # activations are stored as float32
+            store = ActivationStore.from_model(model, training_images(data, cfg.train_images), site)
         sae, _ = train_sae(store, cfg.sae_config(site), device=model.head.weight.device)
     xv = data.split("val")[0][: cfg.probe_images]
-    quality = evaluate(sae, ActivationStore.from_model(model, xv, site))
-    codes = patch_codes(model, sae, xv)
+    with autocast(model, cfg.precision):
+        val_store = ActivationStore.from_model(model, xv, site)
+    quality = evaluate(sae, val_store)
+    codes = patch_codes(model, sae, xv)  # fp32: the SAE's codes go to numpy
     gh, gw = model.grid_of(xv[:1])
     pl = find_positional_latents(codes, gh, gw)
     lat = pl.latents
