@@ -462,7 +462,8 @@ def save(
     atomically. Returns the paths written.
 
     config: recorded in the JSON as "config" (sample sizes, seed, precision). Under torchrun only
-    rank 0 writes; every rank returns the same paths once the files exist (a barrier).
+    rank 0 writes (not collective: the others return the same paths at once, so a caller that
+    needs the files on every rank waits at a barrier).
     """
     tables = result.tables()
     formats = list(formats)
@@ -483,7 +484,6 @@ def save(
         for fmt in formats:
             path = out / f"{result.name}.{fmt}"
             atomic_write(path, lambda p, fmt=fmt: fig.savefig(p, format=fmt, dpi=120))
-    distributed.barrier()
     return written
 
 
