@@ -1,9 +1,16 @@
 """Forward time of a converted timm ViT in poslens against timm's own forward, same weights, same
-inputs, same run: plain, with every hook cached (run_with_cache), and under a rotary mask.
+inputs, same run: plain, with every hook cached (run_with_cache), with every hook but the per-head
+outputs cached, and under a rotary mask.
 
 The timm model gets random weights (pretrained=False, no download); they are saved to a temporary
 safetensors file and loaded with poslens.load("timm:NAME", weights=...), the user's path. Each
-repeat times every variant once in turn (so drift hits all alike); medians are reported.
+repeat times every variant once, in an order rotated by one per repeat (so drift and the
+allocator state left by the previous variant hit all alike); medians are reported.
+
+Two clocks: wall time, and CPU time of this process (user + kernel), which other jobs on a shared
+machine do not inflate. Kernel time and minor page faults are reported too: the per-head outputs
+`attn.hook_result` are [B, T, H, D], H times the residual stream per block, and on CPU their fresh
+memory is most of what a full cache costs (see README, "Benchmarks").
 
     python benchmarks/pretrained_forward.py [--models vit_base_patch16_224,...] [--batch 8]
         [--threads 1] [--repeats 10]
@@ -13,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import statistics
 import tempfile
 import time
@@ -26,10 +34,21 @@ import poslens
 from poslens.interventions import rotary_mask
 
 
-def timed(fn: Callable[[], object]) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
+def timed(fn: Callable[[], object]) -> tuple[float, float, float, int]:
+    """(wall s, CPU s, kernel s, minor page faults) of one call, freeing what it returns."""
+    r0, w0, c0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter(), time.process_time()
+    fn()  # the result (a cache) is dropped inside the timed region, as a caller's loop would
+    wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
+    return wall, cpu, r1.ru_stime - r0.ru_stime, r1.ru_minflt - r0.ru_minflt
+
+
+def cache_mib(cache: dict[str, torch.Tensor]) -> float:
+    """Memory held by a cache, counting each storage once (q, k, v share the qkv buffer)."""
+    storages = {
+        t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in cache.values()
+    }
+    return sum(storages.values()) / 2**20
 
 
 def bench(name: str, batch: int, repeats: int, warmup: int) -> dict[str, object]:
@@ -44,9 +63,7 @@ def bench(name: str, batch: int, repeats: int, warmup: int) -> dict[str, object]
     size = model.cfg.image_size
     x = torch.randn(batch, 3, size, size)
     every_hook = model.hook_names()
-
-    def full_cache() -> object:
-        return model.run_with_cache(x, every_hook)
+    no_result = [n for n in every_hook if not n.endswith("attn.hook_result")]
 
     def masked() -> object:
         with rotary_mask(model):  # all planes of every block and head: position removed
@@ -55,30 +72,41 @@ def bench(name: str, batch: int, repeats: int, warmup: int) -> dict[str, object]
     variants: dict[str, Callable[[], object]] = {
         "timm": lambda: tm(x),
         "poslens": lambda: model(x),
-        "full_cache": full_cache,
+        "full_cache": lambda: model.run_with_cache(x, every_hook),
+        "cache_no_result": lambda: model.run_with_cache(x, no_result),
     }
     if model.rotary is not None:
         variants["rotary_mask"] = masked
-    times: dict[str, list[float]] = {k: [] for k in variants}
+    names = list(variants)
+    runs: dict[str, list[tuple[float, float, float, int]]] = {k: [] for k in names}
     with torch.no_grad():
         diff = (model(x) - tm(x)).abs().max().item()
+        mib = {
+            "full_cache": cache_mib(model.run_with_cache(x, every_hook)[1]),
+            "cache_no_result": cache_mib(model.run_with_cache(x, no_result)[1]),
+        }
         for _ in range(warmup):
             for fn in variants.values():
                 fn()
-        for _ in range(repeats):
-            for k, fn in variants.items():
-                times[k].append(timed(fn))
-    median = {k: statistics.median(v) for k, v in times.items()}
+        for r in range(repeats):
+            for k in names[r % len(names) :] + names[: r % len(names)]:
+                runs[k].append(timed(variants[k]))
+    wall, cpu, kernel, faults = (
+        {k: statistics.median(v[i] for v in runs[k]) for k in names} for i in range(4)
+    )
     return {
         "model": name,
         "posenc": model.cfg.posenc,
         "batch": batch,
-        "hooks_cached": len(every_hook),
+        "hooks_cached": {"full_cache": len(every_hook), "cache_no_result": len(no_result)},
+        "cache_mib": {k: round(v) for k, v in mib.items()},
         "max_logit_diff": diff,
-        "seconds": {k: round(v, 4) for k, v in median.items()},
-        "ratio_to_timm": {
-            k: round(v / median["timm"], 3) for k, v in median.items() if k != "timm"
-        },
+        "seconds": {k: round(v, 4) for k, v in wall.items()},
+        "ratio_to_timm": {k: round(v / wall["timm"], 3) for k, v in wall.items() if k != "timm"},
+        "cpu_seconds": {k: round(v, 4) for k, v in cpu.items()},
+        "cpu_ratio_to_timm": {k: round(v / cpu["timm"], 3) for k, v in cpu.items() if k != "timm"},
+        "kernel_seconds": {k: round(v, 3) for k, v in kernel.items()},
+        "minor_faults": {k: int(v) for k, v in faults.items()},
     }
 
 
@@ -92,6 +120,10 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {args.threads} thread(s), batch {args.batch}")
+    print(
+        "full_cache: every hook; cache_no_result: every hook but attn.hook_result (per-head "
+        "outputs [B, T, H, D], TransformerLens's use_attn_result)"
+    )
     for name in args.models.split(","):
         print(json.dumps(bench(name.strip(), args.batch, args.repeats, args.warmup)))
 

@@ -95,3 +95,52 @@ def test_a_hook_can_rewrite_an_activation(images: torch.Tensor) -> None:
     with model.hooks([("ln_final.hook_normalized", lambda x, n: torch.zeros_like(x))]):
         out = model(images)
     torch.testing.assert_close(out, model.head.bias.expand(3, -1))
+
+
+def test_caching_every_hook_changes_no_activation(images: torch.Tensor) -> None:
+    """What benchmarks/pretrained_forward.py times: a cache of every hook holds the values each
+    hook sees when read alone; only hook_result reroutes the attention output (sum of per-head
+    outputs instead of one projection), so values downstream of it agree to rounding."""
+    model = tiny("rope_axial_ape")
+    names = model.hook_names()
+    no_result = [n for n in names if not n.endswith("hook_result")]
+    logits, full = model.run_with_cache(images, names)
+    _, partial = model.run_with_cache(images, no_result)
+    torch.testing.assert_close(logits, model(images), atol=1e-5, rtol=1e-5)
+    for name in names:
+        _, alone = model.run_with_cache(images, [name])
+        torch.testing.assert_close(full[name], alone[name], atol=1e-5, rtol=1e-5)
+        if name in partial:
+            assert torch.equal(partial[name], alone[name]), name
+
+
+def test_per_head_results_are_each_heads_share_of_the_projection(images: torch.Tensor) -> None:
+    model = tiny()
+    attn = model.blocks[0].attn
+    _, cache = model.run_with_cache(images, ["blocks.0.attn.hook_z", "blocks.0.attn.hook_result"])
+    z, result = cache["blocks.0.attn.hook_z"], cache["blocks.0.attn.hook_result"]  # [B, H, T, dh]
+    for h in range(attn.heads):
+        cols = slice(h * attn.head_dim, (h + 1) * attn.head_dim)
+        expected = z[:, h] @ attn.proj.weight[:, cols].T  # [B, T, D]
+        torch.testing.assert_close(result[:, :, h], expected, atol=1e-6, rtol=1e-5)
+
+
+def test_an_in_place_edit_of_per_head_results_reaches_the_output(images: torch.Tensor) -> None:
+    """Zeroing a head in place is the same as returning the zeroed tensor (the output is always
+    the sum of the result the hooks leave, never a separate projection)."""
+    model = tiny()
+
+    def zero_in_place(t: torch.Tensor, name: str) -> None:
+        t[:, :, 0] = 0
+
+    def zero_returned(t: torch.Tensor, name: str) -> torch.Tensor:
+        t = t.clone()
+        t[:, :, 0] = 0
+        return t
+
+    with model.hooks([("blocks.1.attn.hook_result", zero_in_place)]):
+        in_place = model(images)
+    with model.hooks([("blocks.1.attn.hook_result", zero_returned)]):
+        returned = model(images)
+    assert torch.equal(in_place, returned)
+    assert (in_place - model(images)).abs().max() > 1e-4
