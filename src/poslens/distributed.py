@@ -8,6 +8,7 @@ NCCL on CUDA). Without torchrun everything runs as rank 0 of 1 and nothing is in
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -48,4 +49,53 @@ def is_main() -> bool:
     return world()[0] == 0
 
 
-__all__ = ["barrier", "device_for", "init", "is_main", "world"]
+def _collective_device() -> torch.device:
+    """Where the process group's tensors live: this rank's GPU for NCCL, else the CPU."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+    """Sum `t` over the torchrun processes in place and return it (one process: untouched)."""
+    if world()[1] == 1:
+        return t
+    dev = _collective_device()
+    if t.device == dev:
+        dist.all_reduce(t)
+    else:  # e.g. a CUDA tensor under gloo: reduce a copy where the backend works
+        on_dev = t.to(dev)
+        dist.all_reduce(on_dev)
+        t.copy_(on_dev)
+    return t
+
+
+def gather_objects(obj: Any) -> list[Any]:
+    """Every process's `obj` (picklable), in rank order, on every process; [obj] in one process."""
+    n = world()[1]
+    if n == 1:
+        return [obj]
+    out: list[Any] = [None] * n
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def broadcast_object(obj: Any) -> Any:
+    """Rank 0's `obj` (picklable) on every process; the others' `obj` is ignored."""
+    if world()[1] == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+__all__ = [
+    "all_reduce_sum",
+    "barrier",
+    "broadcast_object",
+    "device_for",
+    "gather_objects",
+    "init",
+    "is_main",
+    "world",
+]

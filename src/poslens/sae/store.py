@@ -6,6 +6,7 @@ store keeps `pos_N` (row-major index in the patch grid; prefix tokens, when incl
 -num_prefix..-1; -1 when built from a bare tensor) and `image_N`, so latents can later be mapped
 to positions. Minibatches are shuffled by a seeded generator; each batch's
 indices are sorted, so memmap reads go forward and both backends yield identical batches.
+Under torchrun `from_model` shards the images' batches across the ranks and gathers them.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from poslens import distributed
 from poslens.errors import DataError
 from poslens.models import ViT
 
@@ -49,9 +51,16 @@ class ActivationStore:
         include_prefix: bool = False,
         path: str | Path | None = None,
         batch_images: int = 128,
+        shard: bool = True,
     ) -> ActivationStore:
         """Run `model` over images [N, C, H, W] and keep the tokens at `site` (patches unless
-        include_prefix); into a float32 .npy memmap at `path` when given, else in memory."""
+        include_prefix); into a float32 .npy memmap at `path` when given, else in memory.
+
+        Under torchrun (and `shard`) this is collective: each rank runs every world-th batch of
+        `batch_images` and the batches are gathered in order, so every rank gets the very store
+        one process builds (the same batches, bit for bit). With `path`, rank 0 writes the file
+        and the others map it copy-on-write (it must be on a filesystem they share).
+        """
         model.eval()
         device = model.head.weight.device
         gh, gw = model.grid_of(images[:1])
@@ -59,18 +68,33 @@ class ActivationStore:
         first = 0 if include_prefix else prefix
         per_image = prefix + gh * gw - first
         n, d = images.shape[0] * per_image, model.cfg.dim
+        rank, world = distributed.world() if shard else (0, 1)
+        writes = rank == 0 or path is None  # under torchrun only rank 0 writes the file
         acts = (
-            torch.empty(n, d)
-            if path is None
-            else np.lib.format.open_memmap(Path(path), mode="w+", dtype=np.float32, shape=(n, d))
+            (torch.empty(n, d) if path is None else _open_npy(Path(path), (n, d)))
+            if writes
+            else None
         )
-        for i in range(0, images.shape[0], batch_images):
-            _, cache = model.run_with_cache(images[i : i + batch_images].to(device), site)
-            tok = cache[site][:, first:].float().reshape(-1, d).cpu()
-            rows = slice(i * per_image, i * per_image + tok.shape[0])
-            acts[rows] = tok if path is None else tok.numpy()
-        if path is not None:
+        starts = list(range(0, images.shape[0], batch_images))
+        for r in range(0, len(starts), world):  # one round: one batch per rank
+            mine = starts[r + rank] if r + rank < len(starts) else None
+            tok = None
+            if mine is not None:
+                _, cache = model.run_with_cache(images[mine : mine + batch_images].to(device), site)
+                tok = cache[site][:, first:].float().reshape(-1, d).cpu()
+            pieces = [(mine, tok)] if world == 1 else distributed.gather_objects((mine, tok))
+            for start, part in pieces:
+                if start is None or acts is None:
+                    continue
+                rows = slice(start * per_image, start * per_image + part.shape[0])
+                acts[rows] = part if path is None else part.numpy()
+        if isinstance(acts, np.memmap):
             acts.flush()
+        if world > 1 and path is not None:
+            distributed.barrier()  # the file is complete
+            if acts is None:
+                acts = np.load(Path(path), mmap_mode="c", allow_pickle=False)  # never written
+        assert acts is not None
         pos = torch.arange(first, prefix + gh * gw) - prefix
         return cls(
             acts,
@@ -120,3 +144,8 @@ class ActivationStore:
             if s_DD is not None:
                 s_DD += x.T @ x
         return s_D, s_DD
+
+
+def _open_npy(path: Path, shape: tuple[int, int]) -> np.memmap:
+    """A new float32 .npy file of `shape`, mapped for writing."""
+    return np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=shape)
