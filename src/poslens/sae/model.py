@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from poslens import distributed
+
 WHITEN_EPS = 1e-3  # added to the covariance eigenvalues, relative to their mean
 
 
@@ -114,10 +116,17 @@ class TopKSAE(nn.Module):
             g_FD -= (g_FD * self.W_dec).sum(dim=1, keepdim=True) * self.W_dec
 
     @torch.no_grad()
-    def record_firing(self, acts_BK: torch.Tensor, idx_BK: torch.Tensor) -> None:
-        """Count tokens since each latent last fired; a latent fires when its code is > 0."""
+    def record_firing(
+        self, acts_BK: torch.Tensor, idx_BK: torch.Tensor, total: int | None = None
+    ) -> None:
+        """Count tokens since each latent last fired; a latent fires when its code is > 0.
+        total: the batch's tokens when acts_BK is this rank's slice under torchrun (collective:
+        the firing mass is summed over ranks, so every rank keeps the same counters)."""
         mass_F = acts_BK.new_zeros(self.d_sae).index_add_(0, idx_BK.flatten(), acts_BK.flatten())
-        self.tokens_since_fired.add_(acts_BK.shape[0]).masked_fill_(mass_F > 0, 0)
+        if total is not None:  # codes are >= 0: the sum is > 0 iff some rank's token fired
+            distributed.all_reduce_sum(mass_F)
+        seen = acts_BK.shape[0] if total is None else total
+        self.tokens_since_fired.add_(seen).masked_fill_(mass_F > 0, 0)
 
     def dead_mask(self, dead_tokens: int) -> torch.Tensor:
         """[F] bool: latents that have not fired for at least dead_tokens tokens."""
@@ -140,7 +149,7 @@ def topk_indices(x_BF: torch.Tensor, k: int) -> torch.Tensor:
         return _argtopk(x_BF, k)
     n = F_ // group  # group j holds latents j, j + n, j + 2n, ...
     best_Bk = _argtopk(x_BF.reshape(B, group, n).amax(1), k)
-    cand_BC = (best_Bk[:, None, :] + n * torch.arange(group)[:, None]).view(B, -1)
+    cand_BC = (best_Bk[:, None, :] + n * torch.arange(group)[:, None]).view(B, group * k)
     return cand_BC.gather(1, _argtopk(x_BF.gather(1, cand_BC), k))
 
 

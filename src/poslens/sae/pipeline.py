@@ -9,6 +9,7 @@ and `positional_latents.png` into one folder.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 
+from poslens import distributed
 from poslens.data import Task
 from poslens.errors import ConfigError
 from poslens.experiments.common import jsonable
@@ -86,33 +88,50 @@ def train_on_checkpoint(
     eval_images: int = 300,
     progress: bool = False,
 ) -> dict[str, Any]:
-    """Train, evaluate, find positional latents, save everything to `out`; returns the report."""
+    """Train, evaluate, find positional latents, save everything to `out`; returns the report.
+
+    Under torchrun every rank calls this: activations are extracted sharded and the SAE trained
+    data-parallel (ActivationStore.from_model, train_sae); rank 0 alone evaluates and writes,
+    then hands every rank its report. A CUDA model moves to this rank's GPU (cuda:LOCAL_RANK).
+    """
     if cfg.site not in model.hook_names():
         raise ConfigError(
             f"sae.site {cfg.site!r} is not a hook of this model (see poslens info --hooks)"
         )
+    dev = model.head.weight.device
+    if dev.type == "cuda" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        dev = distributed.device_for("cuda")
+        torch.cuda.set_device(dev)
+        model.to(dev)
+    rank, world = distributed.init(dev)
     model.eval()
     store = ActivationStore.from_model(
         model, training_images(task, n_images), cfg.site, cfg.include_prefix
     )
-    sae, history = train_sae(store, cfg, progress=progress, device=model.head.weight.device)
+    sae, history = train_sae(store, cfg, progress=progress and rank == 0, device=dev)
     x_val, y_val = task.split("val")
     x_val, y_val = x_val[:eval_images], y_val[:eval_images]
     held_out = ActivationStore.from_model(model, x_val, cfg.site, cfg.include_prefix)
-    gh, gw = model.grid_of(x_val[:1])
-    positional = find_positional_latents(patch_codes(model, sae, x_val), gh, gw)
-    report = {
-        "site": cfg.site,
-        "config": cfg.to_dict(),
-        "train_tokens": len(store),
-        "eval_tokens": len(held_out),
-        "quality": evaluate(sae, held_out),
-        "spliced": spliced_quality(model, sae, x_val, y_val),
-        "positional_latents": positional.to_dict(),
-        "history": history,
-    }
-    save_sae(sae, out, cfg, metadata={"posenc": model.cfg.posenc})
-    write_json(out / "sae_report.json", jsonable(report))
-    fig = latent_maps_figure(positional)
-    atomic_write(out / "positional_latents.png", lambda p: fig.savefig(p, format="png", dpi=120))
-    return report
+    report: dict[str, Any] | None = None
+    if rank == 0:
+        gh, gw = model.grid_of(x_val[:1])
+        positional = find_positional_latents(patch_codes(model, sae, x_val), gh, gw)
+        report = {
+            "site": cfg.site,
+            "config": cfg.to_dict(),
+            "train_tokens": len(store),
+            "eval_tokens": len(held_out),
+            "quality": evaluate(sae, held_out),
+            "spliced": spliced_quality(model, sae, x_val, y_val),
+            "positional_latents": positional.to_dict(),
+            "history": history,
+        }
+        if world > 1:
+            report["processes"] = world
+        save_sae(sae, out, cfg, metadata={"posenc": model.cfg.posenc})
+        write_json(out / "sae_report.json", jsonable(report))
+        fig = latent_maps_figure(positional)
+        atomic_write(
+            out / "positional_latents.png", lambda p: fig.savefig(p, format="png", dpi=120)
+        )
+    return distributed.broadcast_object(report)

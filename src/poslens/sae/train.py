@@ -16,6 +16,7 @@ import math
 
 import torch
 
+from poslens import distributed
 from poslens.sae.config import SAEConfig
 from poslens.sae.model import TopKSAE, Whitening, topk_indices
 from poslens.sae.store import ActivationStore
@@ -35,18 +36,31 @@ def lr_scale(step: int, steps: int, warmup: int, decay_frac: float) -> float:
 
 @torch.no_grad()
 def sae_step(
-    sae: TopKSAE, xs_BD: torch.Tensor, dead_tokens: int, aux_k: int, aux_coef: float
+    sae: TopKSAE,
+    xs_BD: torch.Tensor,
+    dead_tokens: int,
+    aux_k: int,
+    aux_coef: float,
+    total: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(mse, aux, codes_BK) of SAE-space inputs; sets every parameter's .grad for the loss
-    mse + aux_coef * aux. Firing counters are updated first, so latents firing now are not dead."""
-    B = xs_BD.shape[0]
+    mse + aux_coef * aux. Firing counters are updated first, so latents firing now are not dead.
+
+    total: under torchrun, xs_BD is this rank's slice of a batch of `total` tokens (slices may
+    be empty or unequal). The step is then collective and equals one process's on the whole
+    batch up to float summation order: each slice's gradient is scaled by 1/total (its token
+    share of the mean) and the gradients summed over ranks; the firing mass, the batch mean of
+    the residual and AuxK's variance normaliser are all-reduced sums; the aux top-k is per token
+    over the (identical) dead latents. mse, aux and the grads come back for the whole batch.
+    """
+    B = xs_BD.shape[0] if total is None else total
     xc_BD = xs_BD - sae.b_dec
     pre_BF = torch.addmm(sae.b_enc, xc_BD, sae.W_enc)
     idx_BK = topk_indices(pre_BF, sae.k)
     acts_BK = pre_BF.gather(1, idx_BK).relu_()
-    sae.record_firing(acts_BK, idx_BK)
+    sae.record_firing(acts_BK, idx_BK, total)
     err_BD = sae.decode_sparse(acts_BK, idx_BK) + sae.b_dec - xs_BD  # x_hat - x
-    mse = err_BD.pow(2).sum(1).mean()
+    mse = err_BD.pow(2).sum(1).mean() if total is None else err_BD.pow(2).sum() / B
     sae.b_dec.grad = (2 / B) * err_BD.sum(0)
     parts = [(idx_BK, acts_BK, (2 / B) * err_BD)]  # (latents, codes, d loss / d reconstruction)
     aux = xs_BD.new_zeros(())
@@ -55,9 +69,13 @@ def sae_step(
         aux_idx_BK = dead_F[topk_indices(pre_BF[:, dead_F], min(aux_k, len(dead_F)))]
         aux_acts_BK = pre_BF.gather(1, aux_idx_BK).relu_()
         aux_err_BD = sae.decode_sparse(aux_acts_BK, aux_idx_BK) + err_BD  # aux_hat - (x - x_hat)
-        denom = (err_BD - err_BD.mean(0)).pow(2).sum(1).mean()
+        centred_B = (err_BD - batch_mean0(err_BD, total)).pow(2).sum(1)
+        denom = (
+            centred_B.mean() if total is None else distributed.all_reduce_sum(centred_B.sum()) / B
+        )
         if denom > 0:
-            aux = aux_err_BD.pow(2).sum(1).mean() / denom
+            aux_B = aux_err_BD.pow(2).sum(1)
+            aux = aux_B.mean() / denom if total is None else aux_B.sum() / B / denom
             parts.append((aux_idx_BK, aux_acts_BK, (2 * aux_coef / (B * denom)) * aux_err_BD))
     # backward: loss -> reconstructions -> decoder rows and codes -> encoder (ReLU-gated)
     sae.W_dec.grad = torch.zeros_like(sae.W_dec)
@@ -69,7 +87,21 @@ def sae_step(
     sae.W_enc.grad = xc_BD.T @ g_BF
     sae.b_enc.grad = g_BF.sum(0)
     sae.b_dec.grad -= sae.W_enc @ sae.b_enc.grad
+    if total is not None:  # every gradient (and mse, aux) is a sum over tokens: add the slices
+        params = list(sae.parameters())
+        flat = torch.cat([*(p.grad.flatten() for p in params), mse[None], aux[None]])  # type: ignore[union-attr]
+        distributed.all_reduce_sum(flat)
+        for p, g in zip(params, flat.split([*(p.numel() for p in params), 2]), strict=False):
+            p.grad.copy_(g.view_as(p))  # type: ignore[union-attr]
+        mse, aux = flat[-2], flat[-1]
     return mse, aux, acts_BK
+
+
+def batch_mean0(t_BD: torch.Tensor, total: int | None = None) -> torch.Tensor:
+    """Mean [D] over a batch's tokens; with `total`, over every rank's slice (collective)."""
+    if total is None:
+        return t_BD.mean(0)
+    return distributed.all_reduce_sum(t_BD.sum(0)) / total
 
 
 def init_sae(store: ActivationStore, cfg: SAEConfig) -> TopKSAE:
@@ -90,14 +122,22 @@ def train_sae(
     cfg: SAEConfig,
     progress: bool = False,
     device: str | torch.device = "cpu",
+    shard: bool = True,
 ) -> tuple[TopKSAE, list[dict[str, float]]]:
     """Train on a store or tokens [N, D] (batches move to `device`); history: per log interval,
     means of HISTORY_KEYS.
 
     The history's fvu is over the interval's training batches and in the training space
     (whitened when cfg.whiten); report poslens.sae.metrics.evaluate on held-out tokens instead.
+
+    Under torchrun (and `shard`) this is data-parallel training, DistributedDataParallel in
+    spirit but written by hand because sae_step has no autograd graph to hook: every rank holds
+    the same store and the full SAE, takes an equal slice of each step's batch, and sae_step
+    sums the slices' gradients and statistics, so every rank takes the identical step and the
+    result equals one process's up to float summation order (~1e-6 on the weights).
     """
     store = data if isinstance(data, ActivationStore) else ActivationStore(data)
+    rank, world = distributed.world() if shard else (0, 1)
     sae = init_sae(store, cfg).to(device)
     steps = cfg.steps or cfg.epochs * math.ceil(len(store) / cfg.batch)
     lr, aux_k = cfg.lr_for(sae.d_sae), cfg.aux_k_for(sae.d_in)
@@ -106,22 +146,28 @@ def train_sae(
     history: list[dict[str, float]] = []
     sums = torch.zeros(len(HISTORY_KEYS) + 1, dtype=torch.float64, device=device)  # + variance
     seen = n_steps = 0
-    bar = _Bar(steps) if progress else None
+    bar = _Bar(steps) if progress and rank == 0 else None
     for step, x_BD in zip(range(steps), store.batches(cfg.batch, cfg.seed), strict=False):
         for group in opt.param_groups:
             group["lr"] = lr * lr_scale(step, steps, cfg.warmup_steps, cfg.decay_frac)
+        b = x_BD.shape[0]
+        total = None if world == 1 else b
+        if total is not None:  # this rank's slice of the batch
+            x_BD = x_BD[rank * b // world : (rank + 1) * b // world]
         x_BD = x_BD.to(device, non_blocking=True)
         xs_BD = sae.to_sae_space(x_BD)
-        mse, aux, acts_BK = sae_step(sae, xs_BD, cfg.dead_tokens, aux_k, cfg.aux_coef)
+        mse, aux, acts_BK = sae_step(sae, xs_BD, cfg.dead_tokens, aux_k, cfg.aux_coef, total)
         sae.remove_parallel_grad()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         sae.normalize_decoder()
         with torch.no_grad():
-            b = x_BD.shape[0]
-            var = (xs_BD - xs_BD.mean(0)).pow(2).sum()
+            var = (xs_BD - batch_mean0(xs_BD, total)).pow(2).sum()
             dead = sae.dead_mask(cfg.dead_tokens).float().mean()
-            l0 = (acts_BK > 0).sum() / b
+            l0 = (acts_BK > 0).sum()
+            if total is not None:
+                var, l0 = distributed.all_reduce_sum(torch.stack([var, l0.to(var.dtype)]))
+            l0 = l0 / b
             sums += torch.stack([mse + cfg.aux_coef * aux, mse, aux, mse * b, l0, dead, var])
         seen, n_steps = seen + b, n_steps + 1
         if (step + 1) % cfg.log_every == 0 or step + 1 == steps:
