@@ -1,8 +1,16 @@
-"""Planted sparse data for the SAE tests."""
+"""Planted sparse data and a tiny checkpoint folder for the SAE tests."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
+
+from poslens.data import DataConfig
+from poslens.io import save_tensors, write_json
+from tests.conftest import tiny
+
+TINY_DATA = DataConfig(image_size=16, object_scale=0.32, n_val=40, n_test=16)
 
 
 def planted(
@@ -17,3 +25,12 @@ def planted(
     mag = 0.5 + torch.rand(n, active, generator=g)
     x = torch.nn.functional.embedding_bag(idx, feats, per_sample_weights=mag, mode="sum")
     return x + 0.01 * torch.randn(n, d, generator=g), feats
+
+
+def tiny_checkpoint(folder: Path) -> Path:
+    """A checkpoint folder (config.json + model.safetensors) of an untrained tiny APE model on a
+    16-class 16x16 task: what poslens.load / load_task and `poslens sae train` read."""
+    m = tiny("ape", num_classes=16)
+    write_json(folder / "config.json", {"model": m.cfg.to_dict(), "data": TINY_DATA.__dict__})
+    save_tensors(folder / "model.safetensors", m.state_dict())
+    return folder
