@@ -240,13 +240,20 @@ def cmd_sae_train(args: argparse.Namespace) -> int:
 def cmd_study(args: argparse.Namespace) -> int:
     from poslens.study import preset, run_study
 
-    changes: dict[str, object] = {}
+    changes: dict[str, object] = {"precision": args.precision}
+    if args.pretrained:
+        if args.models:
+            raise UserError("--models names encodings to train; --pretrained replaces them")
+        if not args.data:
+            raise UserError("--pretrained needs --data DIR: an image folder or datasets directory")
+        changes["pretrained"] = tuple(args.pretrained)
+        changes["images"] = args.data
+    elif args.data:
+        changes["task"] = args.data
     if args.models:
         changes["models"] = tuple(m.strip() for m in args.models.split(",") if m.strip())
     if args.seeds is not None:
         changes["seeds"] = args.seeds
-    if args.data:
-        changes["task"] = args.data
     cfg = preset(args.preset, **changes)
     results = run_study(
         cfg,
@@ -355,14 +362,32 @@ def build_parser() -> argparse.ArgumentParser:
     sy = sub.add_parser(
         "study",
         help="train, analyse and report: the whole study in one command",
-        description="Train each model and seed (reusing finished checkpoints), run every "
-        "experiment, aggregate seeds, and write results.json, CSV, figures, report.html and "
-        "report.md. Rerun the same command to continue an interrupted study.",
+        description="Train each model and seed (reusing finished checkpoints), or load "
+        "pretrained timm models, run every experiment, aggregate seeds, and write results.json, "
+        "CSV, figures, report.html and report.md. Rerun the same command to continue an "
+        "interrupted study.",
     )
     sy.add_argument("--preset", choices=("quick", "default", "paper"), default="default")
     sy.add_argument("--models", help="comma-separated encodings (default: the preset's)")
     sy.add_argument("--seeds", type=int, help="seeds per model (default: the preset's)")
-    sy.add_argument("--data", help="task: relation, animals (default relation)")
+    sy.add_argument(
+        "--pretrained",
+        action="append",
+        metavar="timm:NAME=WEIGHTS",
+        help="study a pretrained timm model instead of training (repeat for several); WEIGHTS "
+        "is a .safetensors file or hub; seeds become analysis seeds",
+    )
+    sy.add_argument(
+        "--data",
+        help="task: relation, animals (default relation); with --pretrained: an image folder "
+        "(class subfolders) or a datasets directory (DIR or DIR::SPLIT)",
+    )
+    sy.add_argument(
+        "--precision",
+        choices=("fp32", "bf16", "fp16"),
+        default="fp32",
+        help="the experiments' forward passes (bf16/fp16 under torch.autocast)",
+    )
     sy.add_argument("--out", required=True, help="output folder (reused to continue)")
     sy.add_argument("--device", default="cpu", help=DEVICE_HELP)
     sy.add_argument(

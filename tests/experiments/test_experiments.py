@@ -66,6 +66,25 @@ def test_floor_equals_the_model_without_position(task: Task, posenc: str) -> Non
     assert not np.allclose(intact.margin, floor.margin)  # the floor did change the model
 
 
+def test_ssdc_images_limits_ssdc_only(task: Task) -> None:
+    """ssdc_images=k: SSDC (clean and under RPI) is that of the first k images, batches split
+    across the boundary; accuracy, margins and probes still read all the images."""
+    m = model()
+    x, y = task.split("test")
+    x, y = x[:40], y[:40]
+    cfg = ExperimentConfig(n_images=40, probe_images=20, batch_size=15, ssdc_images=25)
+    part = measure(m, x, y, cfg, probe_sites=[1], clean_ssdc=True)
+    first = measure(m, x[:25], y[:25], CFG, probe_sites=[1], clean_ssdc=True)
+    every = measure(m, x, y, CFG, probe_sites=[1], clean_ssdc=True)
+    for field in ("ssdc_rpi", "ssdc_rpi_norm", "ssdc_clean", "ssdc_clean_norm"):
+        np.testing.assert_allclose(getattr(part, field), getattr(first, field), atol=1e-9)
+        assert not np.allclose(getattr(part, field), getattr(every, field))
+    np.testing.assert_array_equal(part.correct, every.correct)
+    np.testing.assert_allclose(part.margin, every.margin, atol=1e-5)
+    assert part.probes is not None and every.probes is not None
+    np.testing.assert_allclose(part.probes.test_acc, every.probes.test_acc, atol=1e-9)
+
+
 def test_prefix_window_over_every_block_equals_the_floor(task: Task) -> None:
     m = model()
     cfg = windows.Config(**{**CFG.__dict__, "prefix_ks": (1,), "axis_windows": False})
@@ -209,6 +228,8 @@ def test_probe_site_prefers_the_highest_ssdc_among_tied_probes() -> None:
         ({"n_images": 20, "probe_images": 30}, "probe_images"),
         ({"split": "train"}, "split"),
         ({"probe_block": -2}, "probe_block"),
+        ({"ssdc_images": 5}, "ssdc_images"),
+        ({"n_images": 20, "probe_images": 10, "ssdc_images": 30}, "ssdc_images"),
     ],
 )
 def test_config_errors_name_the_field(kwargs: dict, field: str) -> None:

@@ -61,6 +61,25 @@ def test_sae_causal_end_to_end(tmp_path: Path) -> None:
         sae_causal.Config(sites=())
 
 
+def test_probe_site_is_the_baseline_probe_block() -> None:
+    """sites=("probe",): one SAE at the normalised residual the baseline probes choose, or at
+    analysis.probe_block when that is set."""
+    from poslens.experiments.common import choose_probe_site, eval_images, measure
+
+    m, task = tiny("ape", num_classes=16), build_task(DATA)
+    kw = dict(n_images=30, probe_images=20, batch_size=30, train_images=40, epochs=1, k=4,
+              doses=(2,), draws=1)  # fmt: skip
+    cfg = sae_causal.Config(sites=("probe",), **kw)
+    x, y = eval_images(task, cfg)
+    base = measure(m, x, y, cfg, probe_sites=range(m.cfg.depth + 1))
+    b = choose_probe_site(base)
+    want = "ln_final.hook_normalized" if b == m.cfg.depth else f"blocks.{b}.ln1.hook_normalized"
+    res = sae_causal.run(m, task, cfg)
+    assert [r.site for r in res.results] == [want] and res.results[0].site_index == b
+    fixed = sae_causal.run(m, task, sae_causal.Config(sites=("probe",), probe_block=1, **kw))
+    assert [r.site for r in fixed.results] == ["blocks.1.ln1.hook_normalized"]
+
+
 def test_edits() -> None:
     codes = torch.arange(2 * 4 * 5, dtype=torch.float32).view(2, 4, 5)
     lat = np.array([1, 3])

@@ -66,12 +66,18 @@ def _cfg(images: Path, weights: dict[str, Path], **changes: Any) -> StudyConfig:
         pretrained=tuple(f"timm:{n}={w}" for n, w in weights.items()),
         images=str(images),
         seeds=2,
-        experiments=("depth_profile", "position_removal", "axis_map"),
+        experiments=("depth_profile", "position_removal", "axis_map", "sae_causal"),
+        analysis_set=(
+            "position_removal.n_planes=2", "position_removal.draws=1", "sae_causal.sites=probe",
+            "sae_causal.train_images=40", "sae_causal.epochs=1", "sae_causal.k=4",
+            "sae_causal.doses=2", "sae_causal.draws=1",
+        ),
         n_images=40,
         probe_images=40,
+        ssdc_images=30,
         batch_size=20,
-        only=(),
-    )
+        only=("sae_causal=ape",),
+    )  # fmt: skip
     return replace(cfg, **changes)
 
 
@@ -111,6 +117,12 @@ def test_pretrained_study_layout_schema_and_claims(study: tuple[Path, dict[str, 
     # the axis map needs rotary planes; the converted naver RoPE model has them (as in timm)
     assert "axis_map" in res["models"][APE]["runs"][0]["skipped"]
     assert "axis_map" in res["models"][ROPE]["runs"][0]["experiments"]
+    # the SAE test on the APE model only ("sae_causal=ape" names the encoding), at the probe block
+    assert "sae_causal" in res["models"][ROPE]["runs"][0]["skipped"]
+    sae = json.loads((out / "runs" / APE / "seed0" / "sae_causal.json").read_text())
+    (site,) = sae["sae_sites"]
+    assert site.endswith("hook_normalized") and sae["config"]["sites"] == ["probe"]
+    assert sae["config"]["ssdc_images"] == 30
     # analysis seeds: the same weights, another image subset and draws -> other numbers
     accs = [r["experiments"]["depth_profile"]["headline"]["ssdc_rpi@out"]
             for r in res["models"][ROPE]["runs"]]  # fmt: skip
@@ -146,7 +158,7 @@ def test_new_weights_redo_every_stage(
     tm = timm.create_model(ROPE, pretrained=False, **SMALL)
     other = tmp_path / "other.safetensors"
     save_file({k: v.contiguous() for k, v in tm.state_dict().items()}, str(other))
-    cfg = _cfg(images, {ROPE: other}, seeds=1, experiments=("depth_profile",))
+    cfg = _cfg(images, {ROPE: other}, seeds=1, experiments=("depth_profile",), only=())
     res = run_study(cfg, copy, progress=False, jobs=1)
     assert not any(s["reused"] for s in res["timings"]["stages"])
 
@@ -171,10 +183,47 @@ def test_pretrained_config_errors(sources: tuple[Path, dict[str, Path]], tmp_pat
 
 def test_paper_preset_for_pretrained_models_is_the_original_protocol() -> None:
     cfg = preset("paper", pretrained=(f"timm:{APE}=hub",), images="imagenet/val")
-    assert (cfg.n_images, cfg.probe_images, cfg.seeds) == (5000, 1000, 3)
+    assert (cfg.n_images, cfg.probe_images, cfg.ssdc_images, cfg.seeds) == (5000, 1000, 1000, 3)
     assert {"sae_causal.expansion=5", "sae_causal.k=64", "sae_causal.sites=probe"} <= set(
         cfg.analysis_set
     )
     assert cfg.model_keys == (APE,)
     assert cfg.skips("sae_causal", APE, "ape") is False  # SAEs on the APE model only
     assert cfg.skips("sae_causal", "vit_base_patch16_rope_224", "rope_axial") is True
+
+
+def test_cli_study_on_a_pretrained_model(
+    sources: tuple[Path, dict[str, Path]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`poslens study --pretrained timm:NAME=W --data DIR`: the quick preset end to end."""
+    from poslens.cli import main
+
+    _, weights = sources
+    images = tmp_path / "images"  # the quick preset evaluates 100 test images: 200 in all
+    rng = np.random.default_rng(1)
+    for k in range(5):
+        (images / str(k)).mkdir(parents=True)
+        for i in range(40):
+            Image.fromarray(rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)).save(
+                images / str(k) / f"{i}.png"
+            )
+    out = tmp_path / "out"
+    argv = ["study", "--preset", "quick", "--pretrained", f"timm:{ROPE}={weights[ROPE]}",
+            "--data", str(images), "--out", str(out), "--no-progress", "--jobs", "1"]  # fmt: skip
+    assert main(argv) == 0
+    res = json.loads((out / "results.json").read_text())
+    assert list(res["models"]) == [ROPE] and res["config"]["images"] == str(images)
+    assert "results in" in capsys.readouterr().out
+    for extra, message in (
+        (["--models", "ape"], "--pretrained replaces them"),
+        (["--seeds", "0"], "study.seeds"),
+    ):
+        assert main([*argv[:-2], *extra]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0]
+    bad = tmp_path / "bad"
+    assert main(["study", "--pretrained", f"timm:{ROPE}=nowhere.safetensors", "--data",
+                 str(images), "--out", str(bad)]) == 2  # fmt: skip
+    assert "not found" in capsys.readouterr().err and not bad.exists()
+    assert main(["study", "--pretrained", f"timm:{ROPE}={weights[ROPE]}", "--out", str(bad)]) == 2
+    assert "--data" in capsys.readouterr().err and not bad.exists()

@@ -32,6 +32,7 @@ from poslens.experiments.common import (
     ExperimentConfig,
     Readout,
     autocast,
+    choose_probe_site,
     eval_images,
     floor_condition,
     measure,
@@ -56,6 +57,7 @@ Edit = Callable[[torch.Tensor], torch.Tensor]
 class Config(ExperimentConfig):
     # Where SAEs read and are spliced, one test each: the embedding output (raw) and block 1's
     # normalised input (the original study's kind of site; see NOTES.md on raw-residual SAEs).
+    # "probe" names the probe block's normalised residual, chosen from the baseline probes.
     sites: tuple[str, ...] = ("blocks.0.hook_resid_pre", "blocks.1.ln1.hook_normalized")
     k: int = 16
     expansion: int = 4
@@ -69,7 +71,7 @@ class Config(ExperimentConfig):
         if not self.doses or any(not isinstance(d, int) or d < 1 for d in self.doses):
             raise ConfigError(f"analysis.doses must be positive integers, got {self.doses!r}")
         if not self.sites or any(not isinstance(s, str) or not s for s in self.sites):
-            raise ConfigError(f"analysis.sites must be hook names, got {self.sites!r}")
+            raise ConfigError(f"analysis.sites must be hook names or probe, got {self.sites!r}")
         if self.train_images < 10:
             raise ConfigError(f"analysis.train_images must be at least 10, got {self.train_images}")
 
@@ -91,6 +93,17 @@ def spliced(sae: TopKSAE, edit: Edit | None = None, with_error: bool = False) ->
 
 def applies(model: ViT) -> str | None:
     return None
+
+
+# sites entry for "the probe block": the normalised residual where the baseline position probes
+# peak (choose_probe_site; analysis.probe_block when set), as the original study placed its SAE
+PROBE = "probe"
+
+
+def probe_site_hook(model: ViT, cfg: Config, base: Readout) -> str:
+    """The hook name of the probe block's normalised residual (the probes' own features)."""
+    b = cfg.probe_block if cfg.probe_block >= 0 else choose_probe_site(base)
+    return "ln_final.hook_normalized" if b == model.cfg.depth else f"blocks.{b}.ln1.hook_normalized"
 
 
 def site_index(model: ViT, site: str) -> int:
@@ -441,15 +454,19 @@ def run(
     """The causal test at every site in cfg.sites (SAEs trained here unless given by site)."""
     cfg = cfg or Config()
     for site in cfg.sites:
-        if site not in model.hook_names():
+        if site != PROBE and site not in model.hook_names():
             raise ConfigError(f"analysis.sites: {site!r} is not a hook of this model")
     x, y = eval_images(data, cfg)
-    idx = sorted({site_index(model, s) for s in cfg.sites})
-    base = measure(model, x, y, cfg, probe_sites=sorted({*idx, model.cfg.depth}))
+    idx = sorted({site_index(model, s) for s in cfg.sites if s != PROBE})
+    probed = range(model.cfg.depth + 1) if PROBE in cfg.sites else [*idx, model.cfg.depth]
+    base = measure(model, x, y, cfg, probe_sites=sorted(set(probed)))
+    sites = [probe_site_hook(model, cfg, base) if s == PROBE else s for s in cfg.sites]
+    sites = list(dict.fromkeys(sites))  # "probe" may name a site that is also listed
+    idx = sorted({site_index(model, s) for s in sites})
     floor = measure(model, x, y, cfg, floor_condition(model), probe_sites=idx)
     results = [
         run_site(model, data, cfg, s, base, floor, x, y, progress, (saes or {}).get(s))
-        for s in cfg.sites
+        for s in sites
     ]
     return SAECausal(
         posenc=model.cfg.posenc,

@@ -10,6 +10,7 @@ from typing import Any
 from poslens._config import one_of, positive_int
 from poslens.errors import ConfigError
 from poslens.experiments import EXPERIMENTS
+from poslens.experiments.common import PRECISIONS
 from poslens.models.config import POSENCS
 
 PRESETS = ("quick", "default", "paper")
@@ -37,6 +38,8 @@ class StudyConfig:
     n_images: int = 300
     probe_images: int = 150
     batch_size: int = 250
+    ssdc_images: int = 0  # SSDC on the first ssdc_images of n_images (0: all)
+    precision: str = "fp32"  # the experiments' forward passes: fp32, bf16 or fp16 (autocast)
     # "experiment=model,model": run that experiment only on those models (the others record why);
     # a name is a study model or an encoding (so "sae_causal=ape" covers a pretrained APE ViT)
     only: tuple[str, ...] = ()
@@ -81,6 +84,12 @@ class StudyConfig:
             raise ConfigError(
                 f"study.probe_images ({self.probe_images}) exceeds study.n_images ({self.n_images})"
             )
+        positive_int("study.ssdc_images", self.ssdc_images, allow_zero=True)
+        if self.ssdc_images > self.n_images:
+            raise ConfigError(
+                f"study.ssdc_images ({self.ssdc_images}) exceeds study.n_images ({self.n_images})"
+            )
+        one_of("study.precision", self.precision, PRECISIONS)
 
     def to_dict(self) -> dict[str, Any]:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
@@ -206,6 +215,7 @@ def preset(name: str, **changes: Any) -> StudyConfig:
             # SAE at the probe block (the normalised residual where the probes peak), 5x, k = 64
             n_images=5000,
             probe_images=1000,
+            ssdc_images=1000,
             analysis_set=(
                 "sae_causal.sites=probe",
                 "sae_causal.expansion=5", "sae_causal.k=64",

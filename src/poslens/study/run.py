@@ -86,6 +86,8 @@ def experiment_configs(cfg: StudyConfig, seed: int = 0) -> dict[str, ExperimentC
         "probe_images": cfg.probe_images,
         "batch_size": cfg.batch_size,
         "seed": seed if cfg.pretrained else 0,
+        "ssdc_images": cfg.ssdc_images,
+        "precision": cfg.precision,
     }
     out = {}
     for name in cfg.experiments:
@@ -204,7 +206,7 @@ def experiment_stage(
     else:
         torch.manual_seed(ecfg.seed)
         result = module.run(model, data, ecfg, progress=False)
-        files = save(result, run_dir, formats=("png", "svg"))
+        files = save(result, run_dir, formats=("png", "svg"), config=ecfg)
         record["files"] = [str(f.relative_to(run_dir.parents[2])) for f in files]
         record["headline"] = headline(name, jsonable(result.to_dict()))
     return record
