@@ -230,6 +230,9 @@ def class_indices(
     )
 
 
+UNLABELLED = -1  # the label of every image for a model without classifier (num_classes=0)
+
+
 class PretrainedImages(Task):
     """Images for a pretrained model, decoded once with its eval preprocessing (uint8) and labelled
     in its class order; shuffled (seeded) and halved into disjoint val and test splits. There is
@@ -296,10 +299,13 @@ class PretrainedFolderTask(PretrainedImages):
     ) -> None:
         self.root = Path(root)
         classes = list_classes(self.root, min_classes=1)
-        mapped = class_indices([n for n, _ in classes], num_classes, synsets)
+        if num_classes == 0:  # a backbone without classifier (DINOv3): images only, labels -1
+            mapped = [UNLABELLED] * len(classes)
+        else:
+            mapped = class_indices([n for n, _ in classes], num_classes, synsets)
         self.files = [f for _, class_files in classes for f in class_files]
         labels = [k for k, (_, fs) in zip(mapped, classes, strict=True) for _ in fs]
-        names = {k: folder for (folder, _), k in zip(classes, mapped, strict=True)}
+        names = {k: folder for (folder, _), k in zip(classes, mapped, strict=True) if k >= 0}
         crops = (preprocess.crop(f) for f in self.files)
         where = f"image folder {self.root}"
         super().__init__(preprocess, num_classes, crops, labels, names, seed, where)

@@ -15,7 +15,13 @@ from typing import Any
 
 import numpy as np
 
-from poslens.data.folder import Preprocess, PretrainedImages, class_indices, decode_rgb
+from poslens.data.folder import (
+    UNLABELLED,
+    Preprocess,
+    PretrainedImages,
+    class_indices,
+    decode_rgb,
+)
 from poslens.errors import DataError
 
 SPLIT_SEP = "::"
@@ -174,6 +180,11 @@ class PretrainedHFTask(PretrainedImages):
         image_col = _pick_column(
             features, datasets.Image, IMAGE_NAMES, "image", "an Image feature, or image/img", where
         )
+        if num_classes == 0:  # a backbone without classifier (DINOv3): images only, labels -1
+            n = len(ds)
+            crops = self._crops(ds, image_col, preprocess, where)
+            super().__init__(preprocess, 0, crops, [UNLABELLED] * n, {}, seed, where)
+            return
         label_col = _pick_column(
             features,
             datasets.ClassLabel,

@@ -61,6 +61,14 @@ def combine(*conditions: Condition) -> Condition:
     return both
 
 
+def needs_classifier(model: ViT, why: str) -> str | None:
+    """applies() of an experiment that needs accuracy or margins: the reason it cannot run on a
+    backbone without classifier head (num_classes=0, e.g. DINOv3), else None."""
+    if model.cfg.num_classes == 0:
+        return f"the model has no classifier head (num_classes=0) and {why}"
+    return None
+
+
 def floor_condition(model: ViT) -> Condition:
     """Every positional signal removed: rotations off in all blocks and/or the added embedding
     zeroed. For a model without position (posenc='none') this is the model itself."""
@@ -349,6 +357,7 @@ def _measure(
     clean = [SSDC(gh, gw) for _ in raw + norm] if clean_ssdc else []
     starts = shard(len(images), cfg.batch_size)  # under torchrun: every world-th batch
     n_ssdc = min(cfg.ssdc_images or len(images), len(images))  # SSDC reads the first n_ssdc
+    labelled = model.cfg.num_classes > 0
     with autocast(model, cfg.precision), condition(model):
         for start in starts:
             xb = images[start : start + cfg.batch_size].to(dev)
@@ -356,8 +365,12 @@ def _measure(
             wanted = [norm[s] for s in probe_sites if start < cfg.probe_images]
             wanted += (raw + norm) if clean_ssdc and start < n_ssdc else []
             logits, cache = model.run_with_cache(xb, sorted(set(wanted)))
-            correct.append((start, (logits.argmax(-1) == yb).cpu()))
-            margin.append((start, correct_class_margin(logits.float(), yb).cpu()))
+            if labelled:
+                correct.append((start, (logits.argmax(-1) == yb).cpu()))
+                margin.append((start, correct_class_margin(logits.float(), yb).cpu()))
+            else:  # no classifier: accuracy and margins are undefined (NaN, null in JSON)
+                correct.append((start, torch.full((len(xb),), float("nan"))))
+                margin.append((start, torch.full((len(xb),), float("nan"))))
             if start < cfg.probe_images:
                 keep = cfg.probe_images - start
                 for i, s in enumerate(probe_sites):

@@ -32,6 +32,7 @@ from poslens.experiments.common import (
     gather,
     mean_activations,
     measure,
+    needs_classifier,
     reference,
     shard,
     site_labels,
@@ -64,7 +65,7 @@ class Config(ExperimentConfig):
 
 
 def applies(model: ViT) -> str | None:
-    return None
+    return needs_classifier(model, "patching recovers the correct-class margin")
 
 
 def thirds(depth: int) -> dict[str, list[int]]:

@@ -78,6 +78,7 @@ from poslens.experiments.common import (
     eval_images,
     intact,
     measure,
+    needs_classifier,
     reduce_count,
     reduce_sum,
     reference,
@@ -142,9 +143,9 @@ class Config(ExperimentConfig):
 
 
 def applies(model: ViT) -> str | None:
-    if model.cfg.uses_rope or model.cfg.uses_additive_pos:
-        return None
-    return f"posenc={model.cfg.posenc} has no position for heads to carry"
+    if not (model.cfg.uses_rope or model.cfg.uses_additive_pos):
+        return f"posenc={model.cfg.posenc} has no position for heads to carry"
+    return needs_classifier(model, "rebuilder and specialized heads are ranked by margin")
 
 
 def window_last(model: ViT, cfg: Config) -> int | None:

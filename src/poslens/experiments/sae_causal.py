@@ -16,6 +16,7 @@ latent is touched; large where the SAE's error carries position, e.g. RoPE resid
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
@@ -340,13 +341,18 @@ class SAECausal:
             ax1.axhline(100 * r.probes[recon.name][0, 0], color="tab:red", lw=1, ls="-.",
                         label="reconstruction only")  # fmt: skip
             ax1.set(title=f"exact probe at {r.site}", xlabel="latents zeroed", ylabel="%")
-            ax2.axhline(100 * self.baseline["accuracy"], color="black", lw=1)
+            labelled = math.isfinite(self.baseline["accuracy"])  # NaN: no classifier head
+            if labelled:
+                ax2.axhline(100 * self.baseline["accuracy"], color="black", lw=1)
+            else:
+                ax2.text(0.5, 0.5, "no classifier head:\naccuracy undefined", ha="center",
+                         va="center", transform=ax2.transAxes)  # fmt: skip
             ax2.set(title="accuracy", xlabel="latents zeroed", ylabel="%", ylim=(0, 101))
             ax3.axhline(self.baseline["ssdc_rpi"][-1], color="black", lw=1)
             ax3.set(title="RPI-SSDC at out", xlabel="latents zeroed")
             for ax in (ax1, ax2, ax3):
                 ax.grid(alpha=0.3)
-                if any(r.dose_curve("positional")[0]):
+                if any(r.dose_curve("positional")[0]) and (labelled or ax is not ax2):
                     ax.set_xscale("log")
             ax1.legend(fontsize=7)
         return fig

@@ -27,7 +27,7 @@ class ModelConfig:
     image_size: int = 32
     patch_size: int = 4
     in_chans: int = 1
-    num_classes: int = 16
+    num_classes: int = 16  # 0: no classifier head (a backbone such as DINOv3)
     dim: int = 128
     depth: int = 6
     heads: int = 4
@@ -56,13 +56,13 @@ class ModelConfig:
             "image_size",
             "patch_size",
             "in_chans",
-            "num_classes",
             "dim",
             "depth",
             "heads",
         ):
             positive_int(f"model.{name}", getattr(self, name))
         positive_int("model.num_registers", self.num_registers, allow_zero=True)
+        positive_int("model.num_classes", self.num_classes, allow_zero=True)
         for name in ("mlp_ratio", "rope_theta", "norm_eps"):
             positive_float(f"model.{name}", getattr(self, name))
         positive_float("model.ape_init_std", self.ape_init_std, allow_zero=True)

@@ -23,6 +23,7 @@ Conventions mapped (all exact, checked numerically at conversion time for rotary
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -217,8 +218,8 @@ def convert(tm: nn.Module, name: str) -> tuple[ModelConfig, dict[str, torch.Tens
         raise _unsupported(name, "attention pooling head (global_pool='map')")
     if not _is_identity(getattr(tm, "fc_norm", None)):
         raise _unsupported(name, "fc_norm after pooling (poslens normalises tokens before pooling)")
-    if not isinstance(tm.head, nn.Linear):
-        raise _unsupported(name, "no linear classifier head (num_classes=0)")
+    if not isinstance(tm.head, nn.Linear) and not _is_identity(tm.head):
+        raise _unsupported(name, f"classifier head {type(tm.head).__name__} (not linear)")
     if getattr(tm, "pool_include_prefix", False):
         raise _unsupported(name, "pooling that includes prefix tokens")
     pool = {"token": "cls", "avg": "mean"}.get(tm.global_pool)
@@ -258,7 +259,7 @@ def convert(tm: nn.Module, name: str) -> tuple[ModelConfig, dict[str, torch.Tens
             image_size=_square(pe.img_size, "image size", name),
             patch_size=_square(pe.patch_size, "patch size", name),
             in_chans=int(pe.proj.in_channels),
-            num_classes=int(tm.head.out_features),
+            num_classes=int(tm.head.out_features) if isinstance(tm.head, nn.Linear) else 0,
             dim=dim,
             depth=len(blocks),
             heads=heads,
@@ -318,7 +319,10 @@ def convert(tm: nn.Module, name: str) -> tuple[ModelConfig, dict[str, torch.Tens
         for ours, theirs in (("ln1", b.norm1), ("ln2", b.norm2)):
             sd[p + ours + ".weight"], sd[p + ours + ".bias"] = theirs.weight, theirs.bias
     sd["ln_final.weight"], sd["ln_final.bias"] = tm.norm.weight, tm.norm.bias
-    sd["head.weight"], sd["head.bias"] = tm.head.weight, tm.head.bias
+    if isinstance(tm.head, nn.Linear):
+        sd["head.weight"], sd["head.bias"] = tm.head.weight, tm.head.bias
+    else:  # a backbone without classifier (DINOv3): poslens' empty head, logits [B, 0]
+        sd["head.weight"], sd["head.bias"] = torch.zeros(0, dim), torch.zeros(0)
     return cfg, {k: v.detach().clone().float() for k, v in sd.items()}
 
 
@@ -357,7 +361,9 @@ def load_timm(name: str, weights: str | Path, device: str = "cpu", **timm_kwargs
     if not hub:
         load_timm_weights(tm, name, weights)
     cfg, sd = convert(tm, name)
-    model = ViT(cfg)
+    with warnings.catch_warnings():  # an empty head (num_classes=0) warns that init is a no-op
+        warnings.filterwarnings("ignore", "Initializing zero-element tensors")
+        model = ViT(cfg)
     model.load_state_dict(sd)
     model.eval()
     check_rotary(model, tm, name)

@@ -464,8 +464,11 @@ def position_matters(models: Models) -> dict[str, Any]:
         for m, e in models.items()
         if e["posenc"] != "none" and e["aggregate"].get("position_removal")
     ]
+    views = [v for v in views if v.has("position_removal", "intact.accuracy")]  # classifiers
     if not views:
-        return _missing(cid, title, "no model with position and position_removal in this study")
+        return _missing(
+            cid, title, "no model with position, a classifier and position_removal in this study"
+        )
     evidence, controls, caveats, oks, seeds = [], [], [], [], []
     e = "position_removal"
     for v in views:

@@ -176,18 +176,18 @@ def load_stage(source: Source, ecfg: ExperimentConfig, device: str) -> dict[str,
     evaluation images (the pretrained counterpart of a trained model's training summary)."""
     model, data = source.load(device)
     x, y = eval_images(data, ecfg)
-    dev = model.head.weight.device
+    dev, n_classes = model.head.weight.device, model.cfg.num_classes
     correct = sum(
         int((model(x[i : i + ecfg.batch_size].to(dev)).argmax(-1).cpu() == y[i : i + ecfg.batch_size]).sum())
         for i in range(0, len(x), ecfg.batch_size)
-    )  # fmt: skip
-    return {
+    ) if n_classes else None  # fmt: skip
+    return {  # a backbone without classifier (num_classes=0) has no accuracy: null
         "model": source.spec,
         "weights": source.weights,
         "images": source.images,
         "posenc": model.cfg.posenc,
-        "test_acc": correct / len(x),
-        "chance": 1 / model.cfg.num_classes,
+        "test_acc": None if correct is None else correct / len(x),
+        "chance": 1 / n_classes if n_classes else None,
         "n_images": len(x),
         "params": sum(p.numel() for p in model.parameters()),
     }
