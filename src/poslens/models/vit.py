@@ -46,7 +46,9 @@ class Attention(nn.Module):
         self.hook_attn_scores = HookPoint()  # [B, H, T, T] scaled logits, before softmax
         self.hook_pattern = HookPoint()  # [B, H, T, T]
         self.hook_z = HookPoint()  # [B, H, T, dh] per-head mix of values
-        self.hook_result = HookPoint()  # [B, T, H, D] per-head outputs; computed only when hooked
+        # [B, T, H, D] per-head outputs, H times the residual's memory: computed only when hooked,
+        # then the output is their sum (so in-place edits count) instead of one projection
+        self.hook_result = HookPoint()
 
     def forward(self, x: torch.Tensor, rotary: torch.Tensor | None) -> torch.Tensor:
         B, T, D = x.shape
