@@ -8,9 +8,10 @@ repeat times every variant once, in an order rotated by one per repeat (so drift
 allocator state left by the previous variant hit all alike); medians are reported.
 
 Two clocks: wall time, and CPU time of this process (user + kernel), which other jobs on a shared
-machine do not inflate. Kernel time and minor page faults are reported too: the per-head outputs
-`attn.hook_result` are [B, T, H, D], H times the residual stream per block, and on CPU their fresh
-memory is most of what a full cache costs (see README, "Benchmarks").
+machine inflate less (they still share caches and memory bandwidth). Kernel time and minor page
+faults are reported too: the per-head outputs `attn.hook_result` are [B, T, H, D], H times the
+residual stream per block, and they are most of what a full cache costs on CPU: writing and
+summing them, and the kernel's page faults for their fresh memory (see README, "Benchmarks").
 
     python benchmarks/pretrained_forward.py [--models vit_base_patch16_224,...] [--batch 8]
         [--threads 1] [--repeats 10]
