@@ -23,7 +23,6 @@ Conventions mapped (all exact, checked numerically at conversion time for rotary
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -361,9 +360,7 @@ def load_timm(name: str, weights: str | Path, device: str = "cpu", **timm_kwargs
     if not hub:
         load_timm_weights(tm, name, weights)
     cfg, sd = convert(tm, name)
-    with warnings.catch_warnings():  # an empty head (num_classes=0) warns that init is a no-op
-        warnings.filterwarnings("ignore", "Initializing zero-element tensors")
-        model = ViT(cfg)
+    model = ViT(cfg)
     model.load_state_dict(sd)
     model.eval()
     check_rotary(model, tm, name)

@@ -8,6 +8,8 @@ per-head tensors q, k, v, z [B, H, T, dh]; scores/pattern [B, H, T, T]; rotary t
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -144,7 +146,10 @@ class ViT(HookedModule):
             self.hook_pos_embed = HookPoint()  # [1, gh*gw, D] what gets added to the patches
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.depth))
         self.ln_final = LayerNorm(D, cfg.norm_eps)
-        self.head = nn.Linear(D, cfg.num_classes)
+        # [B, D] -> [B, num_classes]; num_classes=0 (a backbone such as DINOv3): logits [B, 0]
+        with warnings.catch_warnings():  # torch warns that initialising an empty head is a no-op
+            warnings.filterwarnings("ignore", "Initializing zero-element tensors")
+            self.head = nn.Linear(D, cfg.num_classes)
         self.init_weights()
         self.setup_hooks()
 
