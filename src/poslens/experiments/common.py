@@ -194,8 +194,8 @@ class Readout:
     SSDC arrays are [sites]; `probes` covers `probe_sites` only (None when no probes were asked).
     """
 
-    correct: np.ndarray  # [N] bool
-    margin: np.ndarray  # [N] correct-class logit minus best other logit
+    correct: np.ndarray  # [N] bool (float NaN for a model without classifier head)
+    margin: np.ndarray  # [N] correct-class logit minus best other logit (NaN without a head)
     ssdc_rpi: np.ndarray  # raw residual, under RPI
     ssdc_rpi_norm: np.ndarray  # normalised residual, under RPI
     ssdc_clean: np.ndarray | None

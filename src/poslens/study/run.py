@@ -132,7 +132,7 @@ def _progress(enabled: bool) -> Iterator[Progress | None]:
         yield bar
 
 
-@dataclass(frozen=True)
+@dataclass
 class Source:
     """Where one run's model and images come from: a study checkpoint, or pretrained weights
     ("timm:NAME" + a weights file or "hub") with an image folder shuffled by `seed`."""
@@ -143,11 +143,23 @@ class Source:
     images: str = ""
     seed: int = 0
 
+    # The run's images, built once per run and shared by its stages (decoding a large image folder
+    # again for every experiment would cost more than the experiment); tasks are read-only.
+    _task: Task | None = dataclasses.field(default=None, init=False, compare=False, repr=False)
+
     def load(self, device: str) -> tuple[ViT, Task]:
+        """A fresh model (stages never share one) and the run's images."""
         if self.checkpoint is not None:
-            return poslens.load(self.checkpoint, device=device), poslens.load_task(self.checkpoint)
-        model = poslens.load(self.spec, weights=self.weights, device=device)
-        return model, poslens.load_images(self.images, self.spec, model, seed=self.seed)
+            model = poslens.load(self.checkpoint, device=device)
+        else:
+            model = poslens.load(self.spec, weights=self.weights, device=device)
+        if self._task is None:
+            self._task = (
+                poslens.load_task(self.checkpoint)
+                if self.checkpoint is not None
+                else poslens.load_images(self.images, self.spec, model, seed=self.seed)
+            )
+        return model, self._task
 
     def identity(self) -> dict[str, Any]:
         """What the results depend on, for the stage reuse key: the checkpoint (its name holds
