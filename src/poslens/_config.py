@@ -7,6 +7,9 @@ from typing import Any
 
 from poslens.errors import ConfigError
 
+# Analysis precisions: fp32, or bf16 / fp16 forward passes under torch.autocast
+ANALYSIS_PRECISIONS = ("fp32", "bf16", "fp16")
+
 
 def from_dict(cls: Any, d: Any, section: str) -> Any:
     """Build a config dataclass from a dict, naming unknown fields and wrong types."""

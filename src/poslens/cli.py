@@ -272,6 +272,7 @@ def cmd_study(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from poslens._config import ANALYSIS_PRECISIONS
     from poslens.models.config import POSENCS
 
     p = _Parser(
@@ -334,7 +335,7 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--device", default="cpu", help=DEVICE_HELP)
     a.add_argument(
         "--precision",
-        choices=("fp32", "bf16", "fp16"),
+        choices=ANALYSIS_PRECISIONS,
         default="fp32",
         help="forward passes in float32 (default) or under torch.autocast in bfloat16 / float16; "
         "statistics are always computed in float32 or float64",
@@ -384,7 +385,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sy.add_argument(
         "--precision",
-        choices=("fp32", "bf16", "fp16"),
+        choices=ANALYSIS_PRECISIONS,
         default="fp32",
         help="the experiments' forward passes (bf16/fp16 under torch.autocast)",
     )

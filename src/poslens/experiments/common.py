@@ -31,7 +31,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from poslens import distributed
-from poslens._config import from_dict, one_of, positive_int
+from poslens._config import ANALYSIS_PRECISIONS, from_dict, one_of, positive_int
 from poslens.data import Task
 from poslens.errors import ConfigError, UserError
 from poslens.interventions import ape_zero, rotary_mask, rpi
@@ -80,7 +80,6 @@ def floor_condition(model: ViT) -> Condition:
     return combine(*parts) if parts else intact
 
 
-PRECISIONS = ("fp32", "bf16", "fp16")
 _AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -89,7 +88,7 @@ def autocast(model: ViT, precision: str) -> contextlib.AbstractContextManager[An
     fp16, nothing at all for fp32 (so fp32 results are the plain float32 model's)."""
     if precision == "fp32":
         return contextlib.nullcontext()
-    one_of("analysis.precision", precision, PRECISIONS)
+    one_of("analysis.precision", precision, ANALYSIS_PRECISIONS)
     device_type, dtype = model.head.weight.device.type, _AUTOCAST_DTYPES[precision]
     problem = None
     try:
@@ -143,7 +142,7 @@ class ExperimentConfig:
                 f"({self.n_images})"
             )
         one_of("analysis.split", self.split, ("val", "test"))
-        one_of("analysis.precision", self.precision, PRECISIONS)
+        one_of("analysis.precision", self.precision, ANALYSIS_PRECISIONS)
         if not isinstance(self.probe_block, int) or self.probe_block < -1:
             raise ConfigError(
                 f"analysis.probe_block must be -1 (automatic) or a site index, got {self.probe_block!r}"

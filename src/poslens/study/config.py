@@ -7,10 +7,9 @@ import json
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from poslens._config import one_of, positive_int
+from poslens._config import ANALYSIS_PRECISIONS, one_of, positive_int
 from poslens.errors import ConfigError
 from poslens.experiments import EXPERIMENTS
-from poslens.experiments.common import PRECISIONS
 from poslens.models.config import POSENCS
 
 PRESETS = ("quick", "default", "paper")
@@ -89,7 +88,7 @@ class StudyConfig:
             raise ConfigError(
                 f"study.ssdc_images ({self.ssdc_images}) exceeds study.n_images ({self.n_images})"
             )
-        one_of("study.precision", self.precision, PRECISIONS)
+        one_of("study.precision", self.precision, ANALYSIS_PRECISIONS)
 
     def to_dict(self) -> dict[str, Any]:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
