@@ -2,6 +2,7 @@
 
 __version__ = "0.1.0"
 
+from poslens.allocator import keep_freed_memory
 from poslens.api import load, load_images, load_task
 from poslens.errors import UserError
 from poslens.models import ModelConfig, ViT, build_model
@@ -12,6 +13,7 @@ __all__ = [
     "ViT",
     "__version__",
     "build_model",
+    "keep_freed_memory",
     "load",
     "load_images",
     "load_task",

@@ -416,6 +416,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from poslens.allocator import keep_freed_memory
+
+    keep_freed_memory()  # this process is ours: reuse big freed CPU blocks (poslens/allocator.py)
     if getattr(args, "device", None) is not None:
         args.device = resolve_device(args.device)
     try:

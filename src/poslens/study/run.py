@@ -39,6 +39,8 @@ from rich.progress import (
 
 import poslens
 from poslens._config import override
+from poslens.allocator import keep_freed_memory
+from poslens.allocator import kept as allocator_kept
 from poslens.data import Task
 from poslens.errors import CheckpointError
 from poslens.experiments import get
@@ -401,7 +403,8 @@ def run_study(
                 results_by_run[m, s] = run_one(cfg, out, m, s, device, threads, events)
         else:
             ctx = mp.get_context("spawn")
-            with ctx.Manager() as manager, ctx.Pool(n_jobs) as pool:
+            init = keep_freed_memory if allocator_kept() else None  # workers follow this process
+            with ctx.Manager() as manager, ctx.Pool(n_jobs, initializer=init) as pool:
                 events = manager.Queue()
                 pending = {
                     (m, s): pool.apply_async(run_one, (cfg, out, m, s, device, threads, events))
@@ -494,6 +497,7 @@ def environment(threads: int, jobs: int) -> dict[str, Any]:
         "machine": platform.machine(),
         "threads": threads,
         "jobs": jobs,
+        "malloc": "keep_freed" if allocator_kept() else "default",
     }
 
 

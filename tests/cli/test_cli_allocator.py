@@ -1,0 +1,75 @@
+"""The CLI's allocator setting (poslens/allocator.py): big freed CPU blocks are reused instead of
+page-faulted in again, the user's own choice wins, and the CLI makes the setting for itself.
+
+The setting is process-wide, so each measurement runs in its own Python process."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+
+import pytest
+
+from poslens import allocator
+from poslens.cli import main
+
+# Allocates, fills and frees a 64 MiB tensor ten times; prints the minor page faults of the last
+# five. The first ones fault on any allocator: the heap grows until a freed block fits the next.
+LOOP = """
+import json, resource, sys, torch
+from poslens.allocator import keep_freed_memory
+kept = keep_freed_memory() if sys.argv[1] == "keep" else False
+for _ in range(5):
+    torch.empty(16 << 20).fill_(1.0)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(5):
+    torch.empty(16 << 20).fill_(1.0)
+print(json.dumps({"kept": kept, "faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before}))
+"""
+PAGES_PER_BLOCK = (64 << 20) // 4096
+
+glibc = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
+
+
+def _loop(mode: str, **env: str) -> dict[str, int | bool]:
+    clean = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "POSLENS_MALLOC")}
+    out = subprocess.run(
+        [sys.executable, "-c", LOOP, mode],
+        env=clean | env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(out.stdout)
+
+
+@glibc
+def test_freed_blocks_are_reused_instead_of_faulted_in_again() -> None:
+    default, kept = _loop("default"), _loop("keep")
+    assert default == {"kept": False, "faults": pytest.approx(5 * PAGES_PER_BLOCK, rel=0.2)}
+    assert kept["kept"] is True
+    assert kept["faults"] < PAGES_PER_BLOCK / 10  # the block is reused: no page touched anew
+
+
+@glibc
+@pytest.mark.parametrize(
+    "env",
+    [{"POSLENS_MALLOC": "default"}, {"GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=1048576"}],
+    ids=["opt-out", "user-tunables"],
+)
+def test_the_users_own_allocator_choice_is_kept(env: dict[str, str]) -> None:
+    result = _loop("keep", **env)
+    assert result["kept"] is False
+
+
+def test_the_cli_makes_the_setting_for_its_own_process(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    calls: list[bool] = []
+    monkeypatch.setattr(allocator, "keep_freed_memory", lambda: calls.append(True) or True)
+    assert main(["info", "no/such/checkpoint"]) == 2  # any command: the setting comes first
+    assert calls == [True]
+    assert "poslens: error:" in capsys.readouterr().err
