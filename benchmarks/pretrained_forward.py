@@ -145,9 +145,10 @@ def main() -> None:
     )
     args = p.parse_args()
     if args.malloc == "both":
-        for mode in ("keep_freed", "default"):
-            argv = [a for a in sys.argv[1:] if not a.startswith("--malloc")]
-            subprocess.run([sys.executable, __file__, *argv, f"--malloc={mode}"], check=True)
+        for mode in ("keep_freed", "default"):  # argparse keeps the last --malloc given
+            subprocess.run(
+                [sys.executable, __file__, *sys.argv[1:], f"--malloc={mode}"], check=True
+            )
         return
     if args.malloc == "keep_freed" and not poslens.keep_freed_memory():
         sys.exit("keep_freed_memory() made no setting here (not glibc, or the user's own choice)")

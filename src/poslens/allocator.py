@@ -3,11 +3,12 @@
 By default glibc maps every block over 32 MiB fresh from the kernel and unmaps it on free, so a
 loop that allocates big CPU tensors (the per-head outputs of a full cache are 58 MB per block at
 batch 8 on ViT-B; depth_profile's stacked activations) page-faults and zeroes that memory again on
-every batch. Measured on a ViT-B depth_profile run: 9.1M page faults and 22 s of kernel time out of
-96 s, against 1.0M and 4 s with the blocks kept (README, "Benchmarks"). The setting is process-wide, so the
-library never makes it on import: the CLI makes it for its own processes, a notebook may call
-`keep_freed_memory()`. Users who chose their allocator (GLIBC_TUNABLES, a preloaded jemalloc or
-tcmalloc) or set POSLENS_MALLOC=default keep theirs.
+every batch. Measured on a ViT-B depth_profile run: 9.1M page faults and 22 s of kernel time out
+of 96 s, against 1.0M and 4 s out of 83 s with the blocks kept (README, "Design decisions").
+
+The setting is process-wide, so the library never makes it on import: the CLI makes it for its
+own processes, a notebook may call `keep_freed_memory()`. Users who chose their allocator
+(GLIBC_TUNABLES, a preloaded jemalloc or tcmalloc) or set POSLENS_MALLOC=default keep theirs.
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ import pytest
 from poslens import allocator
 from poslens.cli import main
 
-# Allocates, fills and frees a 64 MiB tensor ten times; prints the minor page faults of the last
-# five. The first ones fault on any allocator: the heap grows until a freed block fits the next.
+# Allocates, fills and frees a 64 MiB tensor 25 times; prints the minor page faults of the last
+# 20. The first ones fault on any allocator: the heap grows until a freed block fits the next.
 LOOP = """
 import json, resource, sys, torch
 from poslens.allocator import keep_freed_memory
@@ -25,11 +25,11 @@ kept = keep_freed_memory() if sys.argv[1] == "keep" else False
 for _ in range(5):
     torch.empty(16 << 20).fill_(1.0)
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for _ in range(5):
+for _ in range(20):
     torch.empty(16 << 20).fill_(1.0)
-print(json.dumps({"kept": kept, "faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before}))
+faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+print(json.dumps({"kept": kept, "faults": faults}))
 """
-PAGES_PER_BLOCK = (64 << 20) // 4096
 
 glibc = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
 
@@ -49,9 +49,12 @@ def _loop(mode: str, **env: str) -> dict[str, int | bool]:
 @glibc
 def test_freed_blocks_are_reused_instead_of_faulted_in_again() -> None:
     default, kept = _loop("default"), _loop("keep")
-    assert default == {"kept": False, "faults": pytest.approx(5 * PAGES_PER_BLOCK, rel=0.2)}
-    assert kept["kept"] is True
-    assert kept["faults"] < PAGES_PER_BLOCK / 10  # the block is reused: no page touched anew
+    assert default["kept"] is False and kept["kept"] is True
+    # glibc's default maps each block anew: at least one fault per block (one per 4 KiB page, or
+    # per 2 MiB where the kernel backs it with transparent huge pages); kept, the block is reused
+    # (now and then the heap moves and one block is faulted in again: 1 of 20 was seen)
+    assert default["faults"] >= 20
+    assert kept["faults"] * 4 < default["faults"]
 
 
 @glibc
