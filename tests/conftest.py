@@ -1,7 +1,9 @@
-"""Shared fixtures: tiny models that run in milliseconds."""
+"""Shared fixtures and helpers: tiny models that run in milliseconds, torchrun ports, JSON
+comparison, small timm models."""
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
 
 import pytest
@@ -33,3 +35,40 @@ def one_thread() -> Iterator[None]:
 @pytest.fixture
 def images() -> torch.Tensor:
     return torch.randn(3, 1, 16, 16, generator=torch.Generator().manual_seed(1))
+
+
+def free_port() -> int:
+    """A TCP port free on localhost now (torchrun's --master_port)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def json_numbers(a: object, b: object, path: str = "") -> list[tuple[str, float, float]]:
+    """Pairs of numbers at the same place in two JSON documents (the rest must be equal)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        assert a.keys() == b.keys(), path
+        return [x for k in a for x in json_numbers(a[k], b[k], f"{path}.{k}")]
+    if isinstance(a, list) and isinstance(b, list):
+        assert len(a) == len(b), path
+        return [
+            x
+            for i, (u, v) in enumerate(zip(a, b, strict=True))
+            for x in json_numbers(u, v, f"{path}[{i}]")
+        ]
+    if isinstance(a, int | float) and isinstance(b, int | float) and not isinstance(a, bool):
+        return [(path, float(a), float(b))]
+    assert a == b, path
+    return []
+
+
+def shrink_timm(mp: pytest.MonkeyPatch, **sizes: object) -> None:
+    """poslens builds timm:NAME at its default size; make it build the small variant (`sizes`)
+    that test weights were saved from, offline."""
+    import poslens.models.timm_convert as tc
+
+    mp.setenv("HF_HUB_OFFLINE", "1")
+    real = tc.create_timm
+    mp.setattr(
+        tc, "create_timm", lambda name, pretrained=False, **kw: real(name, pretrained, **sizes)
+    )

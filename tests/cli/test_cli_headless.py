@@ -17,6 +17,7 @@ from safetensors.torch import save_file
 
 import poslens
 from poslens.cli import main
+from tests.conftest import shrink_timm
 
 if os.environ.get("POSLENS_FULL") == "1":
     import timm
@@ -29,13 +30,7 @@ SMALL = dict(depth=2, img_size=64, embed_dim=64, num_heads=2)  # no num_classes:
 
 @pytest.fixture(autouse=True)
 def small_timm(monkeypatch: pytest.MonkeyPatch) -> None:
-    import poslens.models.timm_convert as tc
-
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    real = tc.create_timm
-    monkeypatch.setattr(
-        tc, "create_timm", lambda name, pretrained=False, **kw: real(name, pretrained, **SMALL)
-    )
+    shrink_timm(monkeypatch, **SMALL)
 
 
 @pytest.fixture

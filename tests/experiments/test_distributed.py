@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 from poslens.data import DataConfig
 from poslens.io import save_tensors, write_json
-from tests.conftest import tiny
+from tests.conftest import free_port, json_numbers, tiny
 
 # Sums over images are float64, added in another order across ranks; per-image results and probe
 # features are gathered in image order, so what differs is rounding only (measured: <= 3e-16).
@@ -24,26 +23,6 @@ ANALYZE += ["--experiments", "depth_profile,components,prefix_attention,heads"]
 CHEAP = ["heads.cumulative=1", "heads.draws=1", "heads.axis_windows=false", "heads.units=head"]
 CHEAP += ["components.single_blocks=false", "components.modes=mean", "prefix_attention.draws=1"]
 ANALYZE += [a for s in CHEAP for a in ("--set", s)]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _numbers(a: object, b: object, path: str = "") -> list[tuple[str, float, float]]:
-    """Pairs of numbers at the same place in two JSON documents (the rest must be equal)."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        assert a.keys() == b.keys(), path
-        return [x for k in a for x in _numbers(a[k], b[k], f"{path}.{k}")]
-    if isinstance(a, list) and isinstance(b, list):
-        assert len(a) == len(b), path
-        return [x for i, (u, v) in enumerate(zip(a, b, strict=True)) for x in _numbers(u, v, f"{path}[{i}]")]  # fmt: skip
-    if isinstance(a, int | float) and isinstance(b, int | float) and not isinstance(a, bool):
-        return [(path, float(a), float(b))]
-    assert a == b, path
-    return []
 
 
 def test_two_process_analyze_equals_one_process(tmp_path: Path) -> None:
@@ -58,7 +37,7 @@ def test_two_process_analyze_equals_one_process(tmp_path: Path) -> None:
     assert one.returncode == 0, one.stderr[-3000:]
     two = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-         "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
+         "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
          *analyze, str(tmp_path / "two")],
         env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
@@ -71,7 +50,7 @@ def test_two_process_analyze_equals_one_process(tmp_path: Path) -> None:
     for name in ("depth_profile", "components", "prefix_attention", "heads"):
         a = json.loads((tmp_path / "one" / f"{name}.json").read_text())
         b = json.loads((tmp_path / "two" / f"{name}.json").read_text())
-        pairs = _numbers(a, b)
+        pairs = json_numbers(a, b)
         assert len(pairs) > 50, name
         bad = [(p, x, y) for p, x, y in pairs if abs(x - y) > TOLERANCE * max(1.0, abs(x))]
         assert not bad, (name, bad[:5])

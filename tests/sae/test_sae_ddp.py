@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ import pytest
 import torch
 
 from poslens.io import load_tensors
+from tests.conftest import free_port, json_numbers
 from tests.sae.conftest import tiny_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -72,12 +72,6 @@ assert main(argv) == 0
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """(one-process output, two-process output) of SCRIPT."""
@@ -94,7 +88,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     assert one.returncode == 0, one.stderr[-3000:]
     two = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-         "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), *args,
+         "--master_addr", "127.0.0.1", "--master_port", str(free_port()), *args,
          str(tmp / "two"), configs],
         env=env, cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
@@ -109,23 +103,8 @@ def _worst(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     return max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
 
 
-def _numbers(a: object, b: object, path: str = "") -> list[tuple[str, float, float]]:
-    """Pairs of numbers at the same place in two JSON documents (the rest must be equal)."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        assert a.keys() == b.keys(), path
-        return [x for k in a for x in _numbers(a[k], b[k], f"{path}.{k}")]
-    if isinstance(a, list) and isinstance(b, list):
-        assert len(a) == len(b), path
-        return [x for i, (u, v) in enumerate(zip(a, b, strict=True))
-                for x in _numbers(u, v, f"{path}[{i}]")]  # fmt: skip
-    if isinstance(a, int | float) and isinstance(b, int | float) and not isinstance(a, bool):
-        return [(path, float(a), float(b))]
-    assert a == b, path
-    return []
-
-
 def _assert_close_json(a: object, b: object, least: int) -> float:
-    pairs = _numbers(a, b)
+    pairs = json_numbers(a, b)
     assert len(pairs) >= least
     bad = [(p, x, y) for p, x, y in pairs if abs(x - y) > TOLERANCE * max(1.0, abs(x))]
     assert not bad, bad[:5]

@@ -19,6 +19,7 @@ from safetensors.torch import save_file
 from poslens.errors import CheckpointError, ConfigError, DataError
 from poslens.study import StudyConfig, preset, run_study
 from poslens.study.claims import PRETRAINED_CAVEAT
+from tests.conftest import shrink_timm
 
 if os.environ.get("POSLENS_FULL") == "1":
     import timm
@@ -50,14 +51,7 @@ def sources(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, P
 
 @pytest.fixture(autouse=True)
 def small_timm(monkeypatch: pytest.MonkeyPatch) -> None:
-    """poslens builds timm:NAME at its default size; build the small variant the weights fit."""
-    import poslens.models.timm_convert as tc
-
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    real = tc.create_timm
-    monkeypatch.setattr(
-        tc, "create_timm", lambda name, pretrained=False, **kw: real(name, pretrained, **SMALL)
-    )
+    shrink_timm(monkeypatch, **SMALL)
 
 
 def _cfg(images: Path, weights: dict[str, Path], **changes: Any) -> StudyConfig:
@@ -85,13 +79,8 @@ def _cfg(images: Path, weights: dict[str, Path], **changes: Any) -> StudyConfig:
 def study(
     sources: tuple[Path, dict[str, Path]], tmp_path_factory: pytest.TempPathFactory
 ) -> tuple[Path, dict[str, Any]]:
-    import poslens.models.timm_convert as tc
-
-    real = tc.create_timm
     with pytest.MonkeyPatch.context() as mp:  # module scope: the autouse fixture is per test
-        mp.setattr(
-            tc, "create_timm", lambda n, pretrained=False, **kw: real(n, pretrained, **SMALL)
-        )
+        shrink_timm(mp, **SMALL)
         out = tmp_path_factory.mktemp("study")
         return out, run_study(_cfg(*sources), out, progress=False, jobs=1)
 

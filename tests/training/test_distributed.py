@@ -4,22 +4,16 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 from poslens.io import load_tensors
+from tests.conftest import free_port, json_numbers
 from tests.training.cli_args import tiny_train_args
 
 ARGS = tiny_train_args(steps=8, eval_every=4)
 TOLERANCE = 1e-5  # gradients are summed in another order across processes
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_two_process_training_equals_one_process(tmp_path: Path) -> None:
@@ -31,7 +25,7 @@ def test_two_process_training_equals_one_process(tmp_path: Path) -> None:
     assert one.returncode == 0, one.stderr
     two = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-         "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
+         "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
          "-m", "poslens", "train", *ARGS, "--out", str(tmp_path / "two")],
         env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
@@ -47,24 +41,6 @@ def test_two_process_training_equals_one_process(tmp_path: Path) -> None:
     assert m2["processes"] == 2 and "processes" not in m1
     assert abs(m1["test"]["acc"] - m2["test"]["acc"]) < 1e-9
     assert [h["step"] for h in m1["history"]] == [h["step"] for h in m2["history"]]
-
-
-def _numbers(a: object, b: object, path: str = "") -> list[tuple[str, float, float]]:
-    """Pairs of numbers at the same place in two JSON documents (structure must match)."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        assert a.keys() == b.keys(), path
-        return [x for k in a for x in _numbers(a[k], b[k], f"{path}.{k}")]
-    if isinstance(a, list) and isinstance(b, list):
-        assert len(a) == len(b), path
-        return [
-            x
-            for i, (u, v) in enumerate(zip(a, b, strict=True))
-            for x in _numbers(u, v, f"{path}[{i}]")
-        ]
-    if isinstance(a, int | float) and isinstance(b, int | float) and not isinstance(a, bool):
-        return [(path, float(a), float(b))]
-    assert a == b, path
-    return []
 
 
 SCRIPT = """
@@ -101,7 +77,7 @@ def test_two_process_analysis_equals_one_process(tmp_path: Path) -> None:
     assert one.returncode == 0, one.stderr
     two = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-         "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), str(script), str(ckpt),
+         "--master_addr", "127.0.0.1", "--master_port", str(free_port()), str(script), str(ckpt),
          str(tmp_path / "two")],
         env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
@@ -111,7 +87,7 @@ def test_two_process_analysis_equals_one_process(tmp_path: Path) -> None:
     for name in ("depth_profile.json", "position_removal.json"):
         a = json.loads((tmp_path / "one" / name).read_text())
         b = json.loads((tmp_path / "two" / name).read_text())
-        pairs = _numbers(a, b)
+        pairs = json_numbers(a, b)
         assert len(pairs) > 50
         bad = [(p, x, y) for p, x, y in pairs if abs(x - y) > 1e-6 * max(1.0, abs(x))]
         assert not bad, bad[:5]
