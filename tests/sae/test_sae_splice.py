@@ -37,7 +37,8 @@ def test_error_term_with_no_edit_returns_the_original_activation(setup: tuple) -
 
 def test_reconstruction_alone_replaces_only_patch_tokens(setup: tuple) -> None:
     model, sae, imgs = setup
-    clean = model.run_with_cache(imgs, SITE)[1][SITE]
+    with torch.no_grad():  # the same attention kernel as inside spliced_activation
+        clean = model.run_with_cache(imgs, SITE)[1][SITE]
     out = spliced_activation(model, imgs, sae=sae)
     torch.testing.assert_close(out[:, :1], clean[:, :1], atol=0, rtol=0)  # CLS untouched
     assert (out[:, 1:] - clean[:, 1:]).abs().max() > 1e-2

@@ -17,7 +17,14 @@ from torch import nn
 from poslens.errors import UserError
 from poslens.models.config import ModelConfig
 from poslens.models.hooks import HookedModule, HookPoint
-from poslens.models.posenc import Rotary, apply_rotary, resample_pos_embed, rotary_table, sincos_2d
+from poslens.models.posenc import (
+    Rotary,
+    channel_tables,
+    resample_pos_embed,
+    rotary_table,
+    rotate,
+    sincos_2d,
+)
 
 
 class LayerNorm(nn.LayerNorm):
@@ -57,12 +64,15 @@ class Attention(nn.Module):
         qkv = self.qkv(x).reshape(B, T, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = self.hook_q(qkv[0]), self.hook_k(qkv[1]), self.hook_v(qkv[2])
         if self.rope_layout is not None and rotary is not None:
-            cos_sin = self.hook_rotary(rotary)
-            q = self.hook_rot_q(apply_rotary(q, cos_sin, self.rope_layout))
-            k = self.hook_rot_k(apply_rotary(k, cos_sin, self.rope_layout))
-        if x.is_cuda and not (self.hook_attn_scores.active or self.hook_pattern.active):
-            # fused kernel where it pays: on CUDA, when nobody reads the pattern. On CPU at these
-            # sizes the explicit path is faster (2x under bf16 training, benchmarks/train_throughput.py)
+            cos, sin = channel_tables(self.hook_rotary(rotary), self.rope_layout, q.dtype)
+            q = self.hook_rot_q(rotate(q, cos, sin, self.rope_layout))
+            k = self.hook_rot_k(rotate(k, cos, sin, self.rope_layout))
+        reads_pattern = self.hook_attn_scores.active or self.hook_pattern.active
+        records_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+        if not reads_pattern and (x.is_cuda or not records_grad):
+            # fused kernel where it pays: when nobody reads the pattern, on CUDA, and on CPU without
+            # autograd (0.65-0.8x the explicit path's time); CPU backward through it is slower
+            # (2-4.6x under bf16). benchmarks/attention_cpu.py measures both.
             z = F.scaled_dot_product_attention(q, k, v)
         else:
             scores = self.hook_attn_scores((q * self.scale) @ k.transpose(-2, -1))
