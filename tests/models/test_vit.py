@@ -150,6 +150,45 @@ def test_apply_rotary_identity_is_exact() -> None:
         assert torch.equal(apply_rotary(x, ident, layout), x)
 
 
+@pytest.mark.parametrize("layout", ["interleaved", "half"])
+def test_apply_rotary_matches_the_per_plane_rotation_bit_for_bit(layout: str) -> None:
+    """Plane p turns its channel pair (a, b) to (a cos - b sin, a sin + b cos), nothing else moves."""
+    g = torch.Generator().manual_seed(0)
+    x, angles = torch.randn(2, 3, 5, 8, generator=g), torch.randn(3, 5, 4, generator=g) * 3
+    cos_sin = torch.stack([angles.cos(), angles.sin()])  # [2, H, T, P]
+    pairs = [(2 * p, 2 * p + 1) if layout == "interleaved" else (p, p + 4) for p in range(4)]
+    want = torch.empty_like(x)
+    for p, (i, j) in enumerate(pairs):
+        a, b, cos, sin = x[..., i], x[..., j], cos_sin[0, ..., p], cos_sin[1, ..., p]
+        want[..., i], want[..., j] = a * cos - b * sin, a * sin + b * cos
+    assert torch.equal(apply_rotary(x, cos_sin, layout), want)
+
+
+def test_cpu_attention_is_fused_only_where_nothing_reads_the_pattern_and_nothing_records() -> None:
+    """The fused kernel (faster on CPU without autograd) gives the explicit path's logits; hooks
+    on the scores or the pattern, and autograd on CPU, keep the explicit path."""
+    model, x = tiny("rope_axial"), torch.randn(3, 1, 16, 16)
+    calls: list[str] = []
+    fused = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(*a: object, **k: object) -> torch.Tensor:
+        calls.append("fused")
+        return fused(*a, **k)  # type: ignore[arg-type]
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+        with torch.no_grad():
+            plain = model(x)
+            assert calls == ["fused", "fused"]
+            hooked, cache = model.run_with_cache(x, "blocks.1.attn.hook_pattern")
+            assert calls == ["fused", "fused", "fused"]  # block 0 fused, block 1 explicit
+            assert cache["blocks.1.attn.hook_pattern"].shape == (3, 2, 17, 17)
+        grad = model(x)  # parameters require grad: autograd records, explicit path
+        assert calls == ["fused", "fused", "fused"] and grad.requires_grad
+    torch.testing.assert_close(plain, hooked, atol=1e-5, rtol=0)
+    torch.testing.assert_close(plain, grad.detach(), atol=1e-5, rtol=0)
+
+
 def test_rope_coords_default_is_left_out_of_saved_configs() -> None:
     """Configs written before rope_coords existed (and the study's checkpoint hashes) stay the same."""
     assert "rope_coords" not in ModelConfig().to_dict()
