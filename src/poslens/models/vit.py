@@ -71,8 +71,8 @@ class Attention(nn.Module):
         records_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
         if not reads_pattern and (x.is_cuda or not records_grad):
             # fused kernel where it pays: when nobody reads the pattern, on CUDA, and on CPU without
-            # autograd (0.65-0.8x the explicit path's time); CPU backward through it is slower
-            # (2-4.6x under bf16). benchmarks/attention_cpu.py measures both.
+            # autograd (0.7-0.95x the explicit path's time); CPU backward through it is slower
+            # (2.5-6x under bf16). benchmarks/attention_cpu.py measures both.
             z = F.scaled_dot_product_attention(q, k, v)
         else:
             scores = self.hook_attn_scores((q * self.scale) @ k.transpose(-2, -1))
