@@ -183,8 +183,10 @@ def test_cpu_attention_is_fused_only_where_nothing_reads_the_pattern_and_nothing
             hooked, cache = model.run_with_cache(x, "blocks.1.attn.hook_pattern")
             assert calls == ["fused", "fused", "fused"]  # block 0 fused, block 1 explicit
             assert cache["blocks.1.attn.hook_pattern"].shape == (3, 2, 17, 17)
+            model.run_with_cache(x, "blocks.0.attn.hook_attn_scores")
+            assert calls == ["fused"] * 4  # block 0 explicit, block 1 fused
         grad = model(x)  # parameters require grad: autograd records, explicit path
-        assert calls == ["fused", "fused", "fused"] and grad.requires_grad
+        assert calls == ["fused"] * 4 and grad.requires_grad
     torch.testing.assert_close(plain, hooked, atol=1e-5, rtol=0)
     torch.testing.assert_close(plain, grad.detach(), atol=1e-5, rtol=0)
 
