@@ -2,7 +2,7 @@
 
 __version__ = "0.1.0"
 
-from poslens.allocator import keep_freed_memory
+from poslens.allocator import keep_freed_memory, release_freed_memory
 from poslens.api import load, load_images, load_task
 from poslens.errors import UserError
 from poslens.models import ModelConfig, ViT, build_model
@@ -17,4 +17,5 @@ __all__ = [
     "load",
     "load_images",
     "load_task",
+    "release_freed_memory",
 ]

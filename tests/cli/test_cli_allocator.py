@@ -31,6 +31,30 @@ faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
 print(json.dumps({"kept": kept, "faults": faults}))
 """
 
+# Mallocs, fills and frees 3 x 720 MiB twice (more than 2 GiB, mallopt's largest finite trim
+# threshold), releases the free heap, and does it once more; prints each round's page faults.
+# Raw malloc, not torch: torch's helper threads make the heap's layout vary from run to run.
+ROUNDS = """
+import ctypes, json, resource, sys
+from poslens.allocator import keep_freed_memory, release_freed_memory
+kept = keep_freed_memory()
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, (ctypes.c_size_t,)
+libc.free.argtypes = (ctypes.c_void_p,)
+libc.memset.argtypes = (ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t)
+def round_faults():
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    blocks = [libc.malloc(720 << 20) for _ in range(3)]
+    for b in blocks:
+        libc.memset(b, 1, 720 << 20)
+    for b in blocks:
+        libc.free(b)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+first, second = round_faults(), round_faults()
+released = release_freed_memory()
+print(json.dumps({"kept": kept, "faults": [first, second, round_faults()], "released": released}))
+"""
+
 glibc = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
 
 
@@ -55,6 +79,23 @@ def test_freed_blocks_are_reused_instead_of_faulted_in_again() -> None:
     # (now and then the heap moves and one block is faulted in again: 1 of 20 was seen)
     assert default["faults"] >= 20
     assert kept["faults"] * 4 < default["faults"]
+
+
+@glibc
+def test_the_heap_keeps_its_peak_until_released() -> None:
+    clean = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "POSLENS_MALLOC")}
+    out = subprocess.run(
+        [sys.executable, "-c", ROUNDS], env=clean, capture_output=True, text=True, check=True
+    )
+    result = json.loads(out.stdout)
+    first, second, after_release = result["faults"]
+    pages = 3 * (720 << 20) // 4096  # a fault per 4 KiB page (or per 2 MiB huge page)
+    assert result["kept"] is True and result["released"] is True
+    assert first >= 3 * (720 << 20) // (2 << 20)  # the heap grew: faulted in once
+    # kept: 2.1 GiB freed at once stays in the heap (a 2 GiB trim threshold gave it back and
+    # faulted all of it in again: 552,928 faults); released: faulted in afresh
+    assert second * 100 < min(first, pages)
+    assert after_release * 2 > first
 
 
 @glibc
