@@ -21,6 +21,7 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
+from typing import Any
 
 MMAP_THRESHOLD = 1 << 30  # blocks up to 1 GiB come from the reusable heap
 TRIM_THRESHOLD = -1  # never give heap memory back by itself (mallopt(3): -1 disables trimming)
@@ -45,11 +46,9 @@ def keep_freed_memory() -> bool:
         "LD_PRELOAD", ""
     ):
         return False
-    try:
-        mallopt = ctypes.CDLL("libc.so.6").mallopt
-    except (OSError, AttributeError):  # musl and others: no glibc mallopt
+    mallopt = _glibc("mallopt", ctypes.c_int, ctypes.c_int)
+    if mallopt is None:
         return False
-    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
     global _kept
     _kept = bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(
         mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
@@ -62,11 +61,17 @@ def release_freed_memory() -> bool:
 
     For a notebook after `keep_freed_memory()`: the heap keeps its peak otherwise.
     """
+    malloc_trim = _glibc("malloc_trim", ctypes.c_size_t)
+    return malloc_trim is not None and bool(malloc_trim(0))
+
+
+def _glibc(name: str, *argtypes: type) -> Any:
+    """glibc's function `name` (returning a C int), or None off Linux/glibc (musl has no mallopt)."""
     if not sys.platform.startswith("linux"):
-        return False
+        return None
     try:
-        malloc_trim = ctypes.CDLL("libc.so.6").malloc_trim
+        fn = getattr(ctypes.CDLL("libc.so.6"), name)
     except (OSError, AttributeError):
-        return False
-    malloc_trim.argtypes, malloc_trim.restype = (ctypes.c_size_t,), ctypes.c_int
-    return bool(malloc_trim(0))
+        return None
+    fn.argtypes, fn.restype = argtypes, ctypes.c_int
+    return fn
