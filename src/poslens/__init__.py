@@ -1,7 +1,6 @@
 """poslens: how a Vision Transformer represents where each patch is, under APE and RoPE."""
 
-__version__ = "0.1.0"
-
+from poslens._version import __version__
 from poslens.allocator import keep_freed_memory, release_freed_memory
 from poslens.api import load, load_images, load_task
 from poslens.errors import UserError

@@ -125,8 +125,9 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     import poslens
     from poslens import distributed, experiments
     from poslens._config import override
-    from poslens.experiments.common import autocast, jsonable, save
-    from poslens.io import write_json
+    from poslens.experiments.output import save
+    from poslens.io import jsonable, write_json
+    from poslens.precision import autocast
 
     names = (
         list(experiments.EXPERIMENTS) if args.experiments == "all" else args.experiments.split(",")

@@ -8,7 +8,7 @@ NCCL on CUDA). Without torchrun everything runs as rank 0 of 1 and nothing is in
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -80,6 +80,33 @@ def gather_objects(obj: Any) -> list[Any]:
     return out
 
 
+def shard(n: int, batch_size: int) -> list[int]:
+    """Start indices of the batches of `n` images this rank evaluates: under torchrun rank r takes
+    batches r, r + world, ...; in one process all of them, in order."""
+    rank, size = world()
+    return list(range(0, n, batch_size))[rank::size]
+
+
+T = TypeVar("T")
+
+
+def gather(parts: list[tuple[int, T]]) -> list[tuple[int, T]]:
+    """Every rank's (batch start, payload) pairs, sorted by start: the single-process order."""
+    if world()[1] > 1:
+        parts = [item for rank_parts in gather_objects(parts) for item in rank_parts]
+    return sorted(parts, key=lambda item: item[0])
+
+
+def in_order(parts: list[tuple[int, torch.Tensor]]) -> torch.Tensor:
+    """Per-batch tensors concatenated in image order, gathered from every rank under torchrun."""
+    return torch.cat([t for _, t in gather(parts)])
+
+
+def sum_count(n: int) -> int:
+    """A count summed over the ranks (n itself in one process)."""
+    return int(all_reduce_sum(torch.tensor([n], dtype=torch.float64)).item())
+
+
 def broadcast_object(obj: Any) -> Any:
     """Rank 0's `obj` (picklable) on every process; the others' `obj` is ignored."""
     if world()[1] == 1:
@@ -94,8 +121,12 @@ __all__ = [
     "barrier",
     "broadcast_object",
     "device_for",
+    "gather",
     "gather_objects",
+    "in_order",
     "init",
     "is_main",
+    "shard",
+    "sum_count",
     "world",
 ]

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
 import tempfile
 from collections.abc import Callable
+from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
@@ -37,6 +40,27 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def jsonable(obj: Any) -> Any:
+    """Plain JSON values from numpy arrays and numbers, objects with `to_dict()`, dataclasses,
+    dicts and sequences (NaN and infinities become None)."""
+    if hasattr(obj, "to_dict") and not isinstance(obj, type):
+        return jsonable(obj.to_dict())
+    if is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: jsonable(getattr(obj, f.name)) for f in fields(obj)}
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return jsonable(obj.tolist())
+    if isinstance(obj, (np.floating, float)):
+        v = float(obj)
+        return v if math.isfinite(v) else None
+    if isinstance(obj, (np.integer, np.bool_)):
+        return obj.item()
+    return obj
 
 
 def write_json(path: Path, obj: Any) -> None:

@@ -13,9 +13,9 @@ import torch
 from poslens.cli import main
 from poslens.data import DataConfig
 from poslens.errors import ConfigError, UserError
-from poslens.experiments import common
-from poslens.experiments.common import ExperimentConfig
+from poslens.experiments.config import ExperimentConfig
 from poslens.io import save_tensors, write_json
+from poslens.precision import autocast
 from tests.conftest import tiny
 
 DATA = DataConfig(image_size=16, object_scale=0.32, n_val=16, n_test=40)
@@ -80,7 +80,7 @@ def test_low_precision_analyze_is_close_to_fp32(
 
 def test_fp32_is_the_default_and_runs_no_autocast() -> None:
     assert ExperimentConfig().precision == "fp32"
-    ctx = common.autocast(tiny(), "fp32")
+    ctx = autocast(tiny(), "fp32")
     assert not isinstance(ctx, torch.autocast)
 
 
@@ -108,7 +108,7 @@ def test_a_precision_torch_cannot_run_is_one_user_error(
 
     monkeypatch.setattr(torch, "autocast", disabled)
     with pytest.raises(UserError, match="fp16 is not supported on cpu"):
-        common.autocast(tiny(), "fp16")
+        autocast(tiny(), "fp16")
     assert _analyze(checkpoint, tmp_path / "out", "--precision", "fp16") == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "fp16 is not supported" in err

@@ -15,14 +15,10 @@ from poslens.data import DataConfig, Task, build_task
 from poslens.errors import ConfigError, UserError
 from poslens.experiments import axis_map as axis_map_exp
 from poslens.experiments import components, depth_profile, get, position_removal, windows
-from poslens.experiments.common import (
-    ExperimentConfig,
-    Readout,
-    choose_probe_site,
-    floor_condition,
-    measure,
-    save,
-)
+from poslens.experiments.conditions import floor_condition
+from poslens.experiments.config import ExperimentConfig
+from poslens.experiments.output import save
+from poslens.experiments.readout import Readout, choose_probe_site, measure
 from poslens.interventions import axis_map
 from poslens.io import save_tensors, write_json
 from poslens.metrics.probes import ProbeResult

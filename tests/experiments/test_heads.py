@@ -16,7 +16,7 @@ from poslens.cli import main
 from poslens.data import DataConfig, Task, build_task
 from poslens.errors import ConfigError
 from poslens.experiments import EXPERIMENTS, get, heads
-from poslens.experiments.common import save
+from poslens.experiments.output import save
 from poslens.interventions import axis_map, rotary_mask
 from poslens.io import save_tensors, write_json
 from poslens.metrics import correct_class_margin

@@ -8,8 +8,10 @@ import pytest
 import torch
 
 from poslens.data import DataConfig, build_task
-from poslens.experiments import common
-from poslens.experiments.common import ExperimentConfig, measure
+from poslens.experiments import readout
+from poslens.experiments.conditions import intact
+from poslens.experiments.config import ExperimentConfig
+from poslens.experiments.readout import measure
 from tests.conftest import tiny
 
 
@@ -20,7 +22,7 @@ def test_out_of_memory_halves_the_batch_and_warns(
         "test"
     )
     m = tiny("rope_axial", num_classes=16)
-    real = common._measure
+    real = readout._measure
     sizes: list[int] = []
 
     def small_memory(model, images, labels, cfg, *rest):  # type: ignore[no-untyped-def]
@@ -29,8 +31,10 @@ def test_out_of_memory_halves_the_batch_and_warns(
             raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
         return real(model, images, labels, cfg, *rest)
 
-    monkeypatch.setattr(common, "_measure", small_memory)
-    monkeypatch.setattr(common, "_is_cuda_oom", lambda e, _m: isinstance(e, torch.OutOfMemoryError))
+    monkeypatch.setattr(readout, "_measure", small_memory)
+    monkeypatch.setattr(
+        readout, "_is_cuda_oom", lambda e, _m: isinstance(e, torch.OutOfMemoryError)
+    )
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     cfg = ExperimentConfig(n_images=20, probe_images=20, batch_size=20)
     r = measure(m, x[:20], y[:20], cfg, probe_sites=[1])
@@ -38,7 +42,7 @@ def test_out_of_memory_halves_the_batch_and_warns(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and "out of memory at batch size 20; retrying with 10" in err[0]
     half = ExperimentConfig(n_images=20, probe_images=20, batch_size=5)
-    direct = real(m, x[:20], y[:20], half, common.intact, [1], False, False)
+    direct = real(m, x[:20], y[:20], half, intact, [1], False, False)
     np.testing.assert_array_equal(r.correct, direct.correct)
     np.testing.assert_array_equal(r.ssdc_rpi, direct.ssdc_rpi)
 
@@ -50,7 +54,7 @@ def test_other_errors_are_not_retried(monkeypatch: pytest.MonkeyPatch) -> None:
         calls.append(1)
         raise RuntimeError("something else")
 
-    monkeypatch.setattr(common, "_measure", broken)
+    monkeypatch.setattr(readout, "_measure", broken)
     x = torch.zeros(10, 1, 16, 16)
     with pytest.raises(RuntimeError, match="something else"):
         measure(

@@ -14,7 +14,9 @@ import torch
 from poslens.data import DataConfig, Task, build_task
 from poslens.errors import UserError
 from poslens.experiments import prefix_attention
-from poslens.experiments.common import ExperimentConfig, floor_condition, save
+from poslens.experiments.conditions import floor_condition
+from poslens.experiments.config import ExperimentConfig
+from poslens.experiments.output import save
 from poslens.experiments.prefix_attention import block_prefix_attention, prefix_mass
 from poslens.metrics import correct_class_margin, paired_diff
 from tests.conftest import tiny

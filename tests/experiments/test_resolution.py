@@ -15,7 +15,7 @@ from PIL import Image
 from poslens.data import DataConfig, Task, build_task
 from poslens.errors import ConfigError, UserError
 from poslens.experiments import resolution
-from poslens.experiments.common import save
+from poslens.experiments.output import save
 from poslens.metrics import correct_class_margin
 from tests.conftest import tiny
 

@@ -12,7 +12,7 @@ import torch
 from poslens.data import DataConfig, build_task
 from poslens.errors import ConfigError
 from poslens.experiments import sae_causal
-from poslens.experiments.common import save
+from poslens.experiments.output import save
 from tests.conftest import tiny
 
 DATA = DataConfig(image_size=16, object_scale=0.32, n_val=30, n_test=40)
@@ -64,7 +64,7 @@ def test_sae_causal_end_to_end(tmp_path: Path) -> None:
 def test_probe_site_is_the_baseline_probe_block() -> None:
     """sites=("probe",): one SAE at the normalised residual the baseline probes choose, or at
     analysis.probe_block when that is set."""
-    from poslens.experiments.common import choose_probe_site, eval_images, measure
+    from poslens.experiments.readout import choose_probe_site, eval_images, measure
 
     m, task = tiny("ape", num_classes=16), build_task(DATA)
     kw = dict(n_images=30, probe_images=20, batch_size=30, train_images=40, epochs=1, k=4,

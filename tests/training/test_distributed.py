@@ -49,7 +49,7 @@ from pathlib import Path
 import poslens
 from poslens import distributed
 from poslens.experiments import depth_profile, position_removal
-from poslens.experiments.common import save
+from poslens.experiments.output import save
 ckpt, out = sys.argv[1], Path(sys.argv[2])
 model, data = poslens.load(ckpt), poslens.load_task(ckpt)
 for module in (depth_profile, position_removal):

@@ -15,7 +15,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from poslens.data import Task
-from poslens.experiments.common import ExperimentConfig
+from poslens.experiments.config import ExperimentConfig
 from poslens.interventions import axis_map
 from poslens.interventions.rotary import AxisMap
 from poslens.models.vit import ViT

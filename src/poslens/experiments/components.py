@@ -22,28 +22,27 @@ import torch
 from matplotlib.figure import Figure
 
 from poslens.data import Task
+from poslens.distributed import gather, shard
 from poslens.errors import ConfigError
-from poslens.experiments.common import (
-    Condition,
+from poslens.experiments.conditions import Condition
+from poslens.experiments.config import ExperimentConfig
+from poslens.experiments.readout import (
     ConditionResult,
-    ExperimentConfig,
-    autocast,
     eval_images,
-    gather,
     mean_activations,
     measure,
     needs_classifier,
     reference,
-    shard,
     site_labels,
     site_names,
     summarise,
-    track,
 )
 from poslens.interventions import ablate, patch, rpi
 from poslens.interventions.ablation import COMPONENTS, component_hook
 from poslens.metrics import SSDC, correct_class_margin
 from poslens.models.vit import ViT
+from poslens.precision import autocast
+from poslens.progress import track
 
 DONORS = ("aligned", "shifted", "other_image")
 PATCH_SITES = ("resid", "attn", "mlp")

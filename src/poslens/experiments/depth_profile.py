@@ -15,22 +15,21 @@ import torch
 from matplotlib.figure import Figure
 
 from poslens.data import Task
-from poslens.experiments.common import (
-    ExperimentConfig,
-    autocast,
+from poslens.distributed import in_order, shard
+from poslens.experiments.config import ExperimentConfig
+from poslens.experiments.output import probe_rows
+from poslens.experiments.readout import (
     choose_probe_site,
     eval_images,
-    in_order,
     measure,
-    probe_rows,
-    shard,
     site_labels,
     site_names,
-    track,
 )
 from poslens.metrics import effective_rank
 from poslens.metrics.probes import TARGETS, ProbeResult
 from poslens.models.vit import ViT, build_model
+from poslens.precision import autocast
+from poslens.progress import track
 
 Config = ExperimentConfig
 

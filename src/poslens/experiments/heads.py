@@ -65,34 +65,30 @@ import torch.nn.functional as F
 from matplotlib.figure import Figure
 from scipy.stats import rankdata
 
+from poslens import distributed
 from poslens._config import positive_float
 from poslens.data import Task
+from poslens.distributed import shard
 from poslens.errors import ConfigError
-from poslens.experiments.common import (
-    Condition,
+from poslens.experiments.conditions import Condition, combine, intact, planes_off
+from poslens.experiments.config import ExperimentConfig
+from poslens.experiments.readout import (
     ConditionResult,
-    ExperimentConfig,
     Readout,
-    autocast,
-    combine,
     eval_images,
-    intact,
     measure,
     needs_classifier,
-    reduce_count,
-    reduce_sum,
     reference,
-    shard,
     site_labels,
     summarise,
-    track,
 )
-from poslens.experiments.position_removal import planes_off
 from poslens.interventions import ablate, axis_map
 from poslens.interventions.rotary import num_planes
 from poslens.metrics import PairedDiff, paired_diff
 from poslens.models.posenc import grid_coords
 from poslens.models.vit import ViT
+from poslens.precision import autocast
+from poslens.progress import track
 
 UNITS = ("head", "block_head")
 WINDOWS = ("all", "row", "col")
@@ -342,8 +338,9 @@ class AttentionAccumulator:
 
     def all_reduce(self) -> None:
         """Sum the statistics and image counts of every rank (torchrun)."""
-        reduce_sum(self.ss_total, *self.group_sums, self.abs_d_sum, self.mass_sum)
-        self.n_images = reduce_count(self.n_images)
+        for t in (self.ss_total, *self.group_sums, self.abs_d_sum, self.mass_sum):
+            distributed.all_reduce_sum(t)
+        self.n_images = distributed.sum_count(self.n_images)
 
     def result(self, min_explained: float) -> AttentionStats:
         n = self.n_images

@@ -19,21 +19,21 @@ from matplotlib.figure import Figure
 
 from poslens.data import Task
 from poslens.errors import ConfigError
-from poslens.experiments.common import (
-    Condition,
+from poslens.experiments.conditions import Condition, planes_off, random_mask
+from poslens.experiments.config import ExperimentConfig
+from poslens.experiments.readout import (
     ConditionResult,
-    ExperimentConfig,
     eval_images,
     measure,
     reference,
     site_labels,
     summarise,
-    track,
 )
-from poslens.interventions import ape_permute, ape_zero, axis_map, rotary_mask
+from poslens.interventions import ape_permute, ape_zero, axis_map
 from poslens.interventions.rotary import AxisMap, num_planes
 from poslens.metrics.probes import TARGETS
 from poslens.models.vit import ViT
+from poslens.progress import track
 
 
 @dataclass(frozen=True)
@@ -71,22 +71,6 @@ def top_frequency_mask(model: ViT, n: int, amap: AxisMap | None = None) -> torch
             else:
                 mask[b, h, freq[b, h].topk(n).indices] = True
     return mask
-
-
-def random_mask(model: ViT, n: int, seed: int) -> torch.Tensor:
-    """[depth, H, P]: n random planes per block and head, from a seeded generator."""
-    cfg, P = model.cfg, num_planes(model)
-    g = torch.Generator().manual_seed(seed)
-    mask = torch.zeros(cfg.depth, cfg.heads, P, dtype=torch.bool)
-    for b in range(cfg.depth):
-        for h in range(cfg.heads):
-            mask[b, h, torch.randperm(P, generator=g)[:n]] = True
-    return mask
-
-
-def planes_off(mask: torch.Tensor, blocks: Any = None) -> Condition:
-    """Condition: the planes of `mask` [depth, H, P] turned off (in `blocks`, default all)."""
-    return lambda m: rotary_mask(m, planes=mask, blocks=blocks)
 
 
 def conditions(model: ViT, cfg: Config) -> list[tuple[str, Condition, dict[str, Any]]]:

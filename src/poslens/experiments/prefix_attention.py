@@ -19,31 +19,29 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 
+from poslens import distributed
 from poslens.data import Task
+from poslens.distributed import shard
 from poslens.errors import UserError
-from poslens.experiments.common import (
-    Condition,
+from poslens.experiments.conditions import Condition, combine, floor_condition
+from poslens.experiments.config import ExperimentConfig
+from poslens.experiments.output import probe_rows
+from poslens.experiments.readout import (
     ConditionResult,
-    ExperimentConfig,
     Readout,
-    autocast,
-    combine,
     compare,
     eval_images,
-    floor_condition,
     measure,
-    probe_rows,
-    reduce_sum,
     reference,
-    shard,
     site_labels,
     summarise,
-    track,
 )
 from poslens.interventions._checks import check_blocks
 from poslens.metrics import PairedDiff
 from poslens.metrics.probes import TARGETS, ProbeResult
 from poslens.models.vit import ViT
+from poslens.precision import autocast
+from poslens.progress import track
 
 Config = ExperimentConfig
 
@@ -94,7 +92,7 @@ def prefix_mass(
             for b, n in enumerate(names):
                 mass = cache[n][:, :, p:, :p].float().sum(-1)  # [B, H, patches]
                 total[b] += mass.double().mean(-1).sum(0).cpu()
-    reduce_sum(total)
+    distributed.all_reduce_sum(total)
     return (total / len(images)).numpy()
 
 

@@ -25,7 +25,8 @@ from matplotlib.figure import Figure
 from poslens.data import Task, build_task
 from poslens.errors import ConfigError, UserError
 from poslens.experiments import position_removal
-from poslens.experiments.common import (
+from poslens.experiments.position_removal import mean_condition, random_ns, random_summary
+from poslens.experiments.readout import (
     ConditionResult,
     Readout,
     Reference,
@@ -34,11 +35,10 @@ from poslens.experiments.common import (
     reference,
     site_labels,
     summarise,
-    track,
 )
-from poslens.experiments.position_removal import mean_condition, random_ns, random_summary
 from poslens.metrics.probes import TARGETS
 from poslens.models.vit import ViT
+from poslens.progress import track
 
 SIZES = ("trained", "larger")
 

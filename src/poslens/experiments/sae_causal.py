@@ -27,22 +27,21 @@ from matplotlib.figure import Figure
 
 from poslens.data import Task
 from poslens.errors import ConfigError
-from poslens.experiments.common import (
-    Condition,
+from poslens.experiments.conditions import Condition, floor_condition
+from poslens.experiments.config import ExperimentConfig
+from poslens.experiments.readout import (
     ConditionResult,
-    ExperimentConfig,
     Readout,
-    autocast,
     choose_probe_site,
     eval_images,
-    floor_condition,
     measure,
     site_labels,
     summarise,
-    track,
 )
 from poslens.metrics.probes import TARGETS
 from poslens.models.vit import ViT
+from poslens.precision import autocast
+from poslens.progress import track
 from poslens.sae.config import SAEConfig
 from poslens.sae.latents import PositionalLatents, find_positional_latents
 from poslens.sae.metrics import evaluate, splice

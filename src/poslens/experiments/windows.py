@@ -18,22 +18,21 @@ from matplotlib.figure import Figure
 
 from poslens.data import Task
 from poslens.errors import ConfigError
-from poslens.experiments.common import (
-    Condition,
+from poslens.experiments.conditions import Condition, planes_off, random_mask
+from poslens.experiments.config import ExperimentConfig
+from poslens.experiments.readout import (
     ConditionResult,
-    ExperimentConfig,
     Readout,
     eval_images,
     measure,
     reference,
     site_labels,
     summarise,
-    track,
 )
-from poslens.experiments.position_removal import planes_off, random_mask
 from poslens.interventions import axis_map
 from poslens.metrics.probes import TARGETS
 from poslens.models.vit import ViT
+from poslens.progress import track
 
 CURVE_KINDS = ("prefix", "suffix", "middle")  # windows with probe curves
 ONSET_FRACTION = (

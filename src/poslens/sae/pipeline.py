@@ -20,8 +20,7 @@ from matplotlib.figure import Figure
 from poslens import distributed
 from poslens.data import Task
 from poslens.errors import ConfigError
-from poslens.experiments.common import jsonable
-from poslens.io import atomic_write, write_json
+from poslens.io import atomic_write, jsonable, write_json
 from poslens.models.vit import ViT
 from poslens.sae.config import SAEConfig
 from poslens.sae.io import save_sae

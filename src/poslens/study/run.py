@@ -44,8 +44,10 @@ from poslens.allocator import kept as allocator_kept
 from poslens.data import Task
 from poslens.errors import CheckpointError
 from poslens.experiments import get
-from poslens.experiments.common import ExperimentConfig, eval_images, jsonable, save
-from poslens.io import read_json, write_json
+from poslens.experiments.config import ExperimentConfig
+from poslens.experiments.output import save
+from poslens.experiments.readout import eval_images
+from poslens.io import jsonable, read_json, write_json
 from poslens.models.vit import ViT
 from poslens.study.aggregate import aggregate, headline
 from poslens.study.claims import evaluate_claims

@@ -1,12 +1,10 @@
-"""A rich progress bar for training: step, loss, images/s, ETA and the latest validation accuracy."""
+"""A progress bar for training: step, loss, images/s, ETA and the latest validation accuracy."""
 
 from __future__ import annotations
 
-import sys
 from types import TracebackType
 
-from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from poslens.progress import progress_bar
 
 
 class TrainProgress:
@@ -14,18 +12,11 @@ class TrainProgress:
 
     def __init__(self, total: int, start: int, enabled: bool = True, label: str = "train") -> None:
         self.enabled = enabled
-        self.val_acc = float("nan")
-        self._progress = Progress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            TextColumn("{task.completed}/{task.total}"),
-            TextColumn("loss {task.fields[loss]:.3f}"),
-            TextColumn("{task.fields[rate]:.0f} img/s"),
-            TextColumn("val {task.fields[val]}"),
-            TimeElapsedColumn(),
-            TextColumn("ETA"),
-            TimeRemainingColumn(),
-            console=Console(file=sys.stderr),
+        self._progress = progress_bar(
+            "{task.completed}/{task.total}",
+            "loss {task.fields[loss]:.3f}",
+            "{task.fields[rate]:.0f} img/s",
+            "val {task.fields[val]}",
             disable=not enabled,
         )
         self._task = self._progress.add_task(

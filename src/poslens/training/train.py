@@ -6,7 +6,6 @@ run resumed from step s continues exactly as the uninterrupted run would have.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import math
@@ -18,12 +17,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-import poslens
 from poslens import distributed
+from poslens._version import __version__
 from poslens.data import Task, build_task
 from poslens.errors import CheckpointError, ConfigError
 from poslens.io import load_tensors, read_json, read_metadata, save_tensors, write_json
 from poslens.models.vit import ViT, build_model
+from poslens.precision import autocast, resolve_precision
 from poslens.training.config import RunConfig
 from poslens.training.progress import TrainProgress
 
@@ -33,29 +33,6 @@ CONFIG, WEIGHTS, STATE, METRICS = (
     "train_state.safetensors",
     "metrics.json",
 )
-
-
-def native_bf16(device: torch.device) -> bool:
-    """True when bf16 matmuls run natively (AMX/AVX512-BF16 on CPU, Ampere+ on CUDA)."""
-    if device.type == "cuda":
-        return torch.cuda.is_bf16_supported()
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "amx_bf16" in flags or "avx512_bf16" in flags
-
-
-def resolve_precision(precision: str, device: torch.device) -> str:
-    if precision == "auto":
-        return "bf16" if native_bf16(device) else "fp32"
-    return precision
-
-
-def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager[Any]:
-    if precision == "bf16":
-        return torch.autocast(device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
 
 
 def lr_at(step: int, total: int, base: float, warmup_frac: float) -> float:
@@ -95,7 +72,7 @@ def evaluate(
     correct, loss = 0, 0.0
     for s in range(0, len(images), batch_size):
         x, y = images[s : s + batch_size].to(device), labels[s : s + batch_size].to(device)
-        with autocast(precision, device):
+        with autocast(device, precision):
             logits = model(x).float()
         correct += int((logits.argmax(-1) == y).sum())
         loss += float(F.cross_entropy(logits, y, reduction="sum"))
@@ -120,9 +97,9 @@ def save_checkpoint(
     The resume state holds weights and optimiser moments in one file, so a kill between two
     writes can never pair weights of one step with moments of another.
     """
-    meta = {"step": str(step), "poslens": poslens.__version__}
+    meta = {"step": str(step), "poslens": __version__}
     weights = model.state_dict()
-    write_json(out / CONFIG, {"poslens_version": poslens.__version__, **cfg.to_dict()})
+    write_json(out / CONFIG, {"poslens_version": __version__, **cfg.to_dict()})
     save_tensors(out / WEIGHTS, weights, meta)
     names = {id(p): n for n, p in model.named_parameters()}
     state = {f"model::{k}": v for k, v in weights.items()}
@@ -217,7 +194,7 @@ def train(
             lr = lr_at(step, total, cfg.train.lr, cfg.train.warmup_frac)
             for g in opt.param_groups:
                 g["lr"] = lr
-            with autocast(precision, dev):
+            with autocast(dev, precision):
                 logits = net(x)
             loss = F.cross_entropy(logits.float(), y)
             opt.zero_grad(set_to_none=True)

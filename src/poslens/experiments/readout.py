@@ -1,9 +1,9 @@
-"""What every experiment shares: its config, the readout of a model under a condition, and output.
+"""The readout: what a model does under a condition, measured on the evaluation images.
 
-A *condition* is a function `model -> context manager` that changes the model while active (a
-rotary mask, an ablation, ...). `measure` runs the evaluation images through the model under a
-condition and returns a Readout: per-image correctness and correct-class margin, SSDC per block
-(clean and under RPI, raw and normalised residual), and position probes at chosen blocks.
+`measure` runs the images through the model under a condition and returns a Readout: per-image
+correctness and correct-class margin, SSDC per site (clean and under RPI, raw and normalised
+residual), and position probes at chosen sites. `reference` measures the intact baseline and the
+all-position-removed floor; `summarise` states a condition against both.
 
 Sites: "block b" is the residual entering block b (b = 0 is the embedded input) and the last
 site, labelled "out", is the residual after the final block. The raw residual is
@@ -13,52 +13,26 @@ site, labelled "out", is the residual after the final block. The raw residual is
 
 from __future__ import annotations
 
-import contextlib
-import csv
 import dataclasses
-import io
-import math
 import sys
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, fields, is_dataclass
-from pathlib import Path
-from typing import Any, ClassVar, Protocol, TypeVar
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
-from matplotlib.figure import Figure
-from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from poslens import distributed
-from poslens._config import ANALYSIS_PRECISIONS, from_dict, one_of, positive_int
 from poslens.data import Task
-from poslens.errors import ConfigError, UserError
-from poslens.interventions import ape_zero, rotary_mask, rpi
-from poslens.io import atomic_write, write_json
-from poslens.metrics import SSDC, PairedDiff, correct_class_margin, paired_diff
+from poslens.distributed import gather, in_order, shard
+from poslens.errors import UserError
+from poslens.experiments.conditions import Condition, floor_condition, intact
+from poslens.experiments.config import ExperimentConfig
+from poslens.interventions import rpi
+from poslens.metrics import SSDC, PairedDiff, correct_class_margin, paired_diff, retention
 from poslens.metrics.probes import TARGETS, ProbeResult, fit_position_probes
 from poslens.models.vit import ViT
-
-Condition = Callable[[ViT], contextlib.AbstractContextManager[Any]]
-
-
-def intact(_model: ViT) -> contextlib.AbstractContextManager[Any]:
-    """The unchanged model."""
-    return contextlib.nullcontext()
-
-
-def combine(*conditions: Condition) -> Condition:
-    """Several conditions active at once (entered in order, left in reverse)."""
-
-    @contextlib.contextmanager
-    def both(model: ViT) -> Iterator[None]:
-        with contextlib.ExitStack() as stack:
-            for c in conditions:
-                stack.enter_context(c(model))
-            yield
-
-    return both
+from poslens.precision import autocast
 
 
 def needs_classifier(model: ViT, why: str) -> str | None:
@@ -67,93 +41,6 @@ def needs_classifier(model: ViT, why: str) -> str | None:
     if model.cfg.num_classes == 0:
         return f"the model has no classifier head (num_classes=0) and {why}"
     return None
-
-
-def floor_condition(model: ViT) -> Condition:
-    """Every positional signal removed: rotations off in all blocks and/or the added embedding
-    zeroed. For a model without position (posenc='none') this is the model itself."""
-    parts: list[Condition] = []
-    if model.cfg.uses_rope:
-        parts.append(lambda m: rotary_mask(m))
-    if model.cfg.uses_additive_pos:
-        parts.append(ape_zero)
-    return combine(*parts) if parts else intact
-
-
-_AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def autocast(model: ViT, precision: str) -> contextlib.AbstractContextManager[Any]:
-    """Forward passes of `model` in `precision`: torch.autocast on the model's device for bf16 and
-    fp16, nothing at all for fp32 (so fp32 results are the plain float32 model's)."""
-    if precision == "fp32":
-        return contextlib.nullcontext()
-    one_of("analysis.precision", precision, ANALYSIS_PRECISIONS)
-    device_type, dtype = model.head.weight.device.type, _AUTOCAST_DTYPES[precision]
-    problem = None
-    try:
-        with torch.autocast(device_type, dtype=dtype):  # a disabled autocast only warns
-            probe = torch.ones(2, 2, device=model.head.weight.device)
-            if (probe @ probe).dtype != dtype:
-                problem = "autocast stayed in float32"
-    except (RuntimeError, ValueError, AssertionError) as e:
-        problem = str(e).splitlines()[0] if str(e) else type(e).__name__
-    if problem is not None:
-        raise UserError(
-            f"--precision {precision} is not supported on {device_type} by torch "
-            f"{torch.__version__} ({problem}); use fp32 or another precision"
-        )
-    return torch.autocast(device_type, dtype=dtype)
-
-
-@dataclass(frozen=True)
-class ExperimentConfig:
-    """Sample sizes and seeds shared by every experiment."""
-
-    n_images: int = 500  # evaluation images: accuracy, margins, SSDC
-    probe_images: int = 200  # the first images of those, split 60/20/20 for the probes
-    batch_size: int = 250
-    seed: int = 0  # RPI permutation, probe split, random draws
-    draws: int = 3  # seeded draws for every random control
-    split: str = "test"  # which fixed split of the task to evaluate on
-    probe_block: int = -1  # site for single-block probes; -1: chosen from the baseline
-    precision: str = "fp32"  # forward passes: fp32, or bf16 / fp16 under torch.autocast
-    # SSDC on the first ssdc_images of the n_images only (0: all of them); the original protocol
-    # measured accuracy on 5,000 images and SSDC on 1,000
-    ssdc_images: int = 0
-
-    def __post_init__(self) -> None:
-        for name in ("n_images", "probe_images", "batch_size", "draws"):
-            positive_int(f"analysis.{name}", getattr(self, name))
-        positive_int("analysis.seed", self.seed, allow_zero=True)
-        if self.n_images < 10:
-            raise ConfigError(f"analysis.n_images must be at least 10, got {self.n_images}")
-        if self.probe_images < 10:
-            raise ConfigError(f"analysis.probe_images must be at least 10, got {self.probe_images}")
-        positive_int("analysis.ssdc_images", self.ssdc_images, allow_zero=True)
-        if not (self.ssdc_images == 0 or 10 <= self.ssdc_images <= self.n_images):
-            raise ConfigError(
-                f"analysis.ssdc_images must be 0 (all) or 10..analysis.n_images ({self.n_images}), "
-                f"got {self.ssdc_images}"
-            )
-        if self.probe_images > self.n_images:
-            raise ConfigError(
-                f"analysis.probe_images ({self.probe_images}) cannot exceed analysis.n_images "
-                f"({self.n_images})"
-            )
-        one_of("analysis.split", self.split, ("val", "test"))
-        one_of("analysis.precision", self.precision, ANALYSIS_PRECISIONS)
-        if not isinstance(self.probe_block, int) or self.probe_block < -1:
-            raise ConfigError(
-                f"analysis.probe_block must be -1 (automatic) or a site index, got {self.probe_block!r}"
-            )
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> ExperimentConfig:
-        return from_dict(cls, d, "analysis")
-
-
-C = TypeVar("C", bound=ExperimentConfig)
 
 
 def site_labels(model: ViT) -> list[str]:
@@ -228,50 +115,6 @@ class Readout:
         return out
 
 
-# ------------------------------------------------------------------ torchrun sharding
-
-
-def shard(n: int, batch_size: int) -> list[int]:
-    """Start indices of the batches of `n` images this rank evaluates: under torchrun rank r takes
-    batches r, r + world, ...; in one process all of them, in order."""
-    rank, world = distributed.world()
-    return list(range(0, n, batch_size))[rank::world]
-
-
-def gather(parts: list[tuple[int, Any]]) -> list[tuple[int, Any]]:
-    """Every rank's (batch start, payload) pairs, sorted by start: the single-process order."""
-    if distributed.world()[1] > 1:
-        import torch.distributed as dist
-
-        gathered: list[Any] = [None] * distributed.world()[1]
-        dist.all_gather_object(gathered, parts)
-        parts = [item for rank_parts in gathered for item in rank_parts]
-    return sorted(parts, key=lambda item: item[0])
-
-
-def in_order(parts: list[tuple[int, torch.Tensor]]) -> torch.Tensor:
-    """Per-batch tensors concatenated in image order, gathered from every rank under torchrun."""
-    return torch.cat([t for _, t in gather(parts)])
-
-
-def reduce_sum(*tensors: torch.Tensor) -> None:
-    """Sum each tensor in place over the ranks (through the CPU: gloo); a no-op in one process."""
-    if distributed.world()[1] > 1:
-        import torch.distributed as dist
-
-        for t in tensors:
-            buf = t.detach().to("cpu", copy=True)
-            dist.all_reduce(buf)
-            t.copy_(buf)
-
-
-def reduce_count(n: int) -> int:
-    """An image count summed over the ranks."""
-    total = torch.tensor([n], dtype=torch.float64)
-    reduce_sum(total)
-    return int(total.item())
-
-
 @torch.no_grad()
 def mean_activations(
     model: ViT, images: torch.Tensor, names: Sequence[str], batch_size: int, precision: str
@@ -281,7 +124,7 @@ def mean_activations(
     names = model.resolve_names(list(names))
     dev = model.head.weight.device
     parts = []
-    with autocast(model, precision):
+    with autocast(dev, precision):
         for start in shard(len(images), batch_size):
             _, cache = model.run_with_cache(images[start : start + batch_size].to(dev), names)
             parts.append((start, {n: cache[n].double().sum(0).cpu() for n in names}))
@@ -357,7 +200,7 @@ def _measure(
     starts = shard(len(images), cfg.batch_size)  # under torchrun: every world-th batch
     n_ssdc = min(cfg.ssdc_images or len(images), len(images))  # SSDC reads the first n_ssdc
     labelled = model.cfg.num_classes > 0
-    with autocast(model, cfg.precision), condition(model):
+    with autocast(dev, cfg.precision), condition(model):
         for start in starts:
             xb = images[start : start + cfg.batch_size].to(dev)
             yb = labels[start : start + cfg.batch_size].to(dev)
@@ -424,128 +267,6 @@ def compare(cond: Readout, base: Readout) -> dict[str, PairedDiff]:
     }
 
 
-# ---------------------------------------------------------------------------------- results
-
-
-class Result(Protocol):
-    """What every experiment returns: JSON-ready dict, CSV tables and a figure."""
-
-    name: ClassVar[str]
-
-    def to_dict(self) -> dict[str, Any]: ...
-
-    def tables(self) -> dict[str, list[dict[str, Any]]]: ...
-
-    def plot(self) -> Figure: ...
-
-
-def jsonable(obj: Any) -> Any:
-    """Numpy arrays, numbers, dataclasses and PairedDiffs -> plain JSON values (NaN -> None)."""
-    if isinstance(obj, PairedDiff):
-        return {"mean": jsonable(obj.mean), "se": jsonable(obj.se), "n": obj.n}
-    if isinstance(obj, ProbeResult):
-        return jsonable(obj.to_dict())
-    if is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: jsonable(getattr(obj, f.name)) for f in fields(obj)}
-    if isinstance(obj, dict):
-        return {str(k): jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [jsonable(v) for v in obj]
-    if isinstance(obj, np.ndarray):
-        return jsonable(obj.tolist())
-    if isinstance(obj, (np.floating, float)):
-        v = float(obj)
-        return v if math.isfinite(v) else None
-    if isinstance(obj, (np.integer, np.bool_)):
-        return obj.item()
-    return obj
-
-
-def _csv_text(rows: list[dict[str, Any]]) -> str:
-    buf = io.StringIO()
-    columns = list(dict.fromkeys(k for r in rows for k in r))
-    writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
-    writer.writeheader()
-    for r in rows:
-        writer.writerow(
-            {k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in jsonable(r).items()}
-        )
-    return buf.getvalue()
-
-
-def save(
-    result: Result,
-    out: Path,
-    formats: Iterable[str] = ("png",),
-    config: ExperimentConfig | None = None,
-) -> list[Path]:
-    """Write `<name>.json`, one `<name>_<table>.csv` per table and `<name>.<fmt>` figures, each
-    atomically. Returns the paths written.
-
-    config: recorded in the JSON as "config" (sample sizes, seed, precision). Under torchrun only
-    rank 0 writes (not collective: the others return the same paths at once, so a caller that
-    needs the files on every rank waits at a barrier).
-    """
-    tables = result.tables()
-    formats = list(formats)
-    written = [out / f"{result.name}.json"]
-    written += [out / f"{result.name}_{table}.csv" for table in tables]
-    written += [out / f"{result.name}.{fmt}" for fmt in formats]
-    if distributed.is_main():
-        out.mkdir(parents=True, exist_ok=True)
-        doc = result.to_dict()
-        if config is not None:
-            doc = {**doc, "config": dataclasses.asdict(config)}
-        write_json(written[0], jsonable(doc))
-        for table, rows in tables.items():
-            text = _csv_text(rows)
-            path = out / f"{result.name}_{table}.csv"
-            atomic_write(path, lambda p, text=text: p.write_text(text))
-        fig = result.plot()
-        for fmt in formats:
-            path = out / f"{result.name}.{fmt}"
-            atomic_write(path, lambda p, fmt=fmt: fig.savefig(p, format=fmt, dpi=120))
-    return written
-
-
-T = TypeVar("T")
-
-
-def track(items: Sequence[T], description: str, enabled: bool) -> Iterator[T]:
-    """Iterate with a progress bar on stderr (a no-op when disabled, and on ranks other than 0)."""
-    if not enabled or not distributed.is_main():
-        yield from items
-        return
-    with Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total}"),
-        TimeElapsedColumn(),
-        TextColumn("ETA"),
-        TimeRemainingColumn(),
-        console=Console(file=sys.stderr),
-    ) as bar:
-        task = bar.add_task(description, total=len(items))
-        for item in items:
-            yield item
-            bar.advance(task)
-
-
-def probe_rows(sites: Sequence[str], probes: ProbeResult, **extra: Any) -> list[dict[str, Any]]:
-    """CSV rows: one per (site, target) with test accuracy and chance."""
-    return [
-        {
-            **extra,
-            "site": site,
-            "target": t,
-            "test_acc": float(probes.test_acc[i, j]),
-            "chance": probes.chance[j],
-        }
-        for i, site in enumerate(sites)
-        for j, t in enumerate(TARGETS)
-    ]
-
-
 @dataclass(frozen=True)
 class ConditionResult:
     """One condition against the intact baseline and the all-position-removed floor.
@@ -590,8 +311,6 @@ def summarise(
     meta: dict[str, Any] | None = None,
 ) -> ConditionResult:
     """Condition `r` as differences from `base` and retention between `floor` and `base`."""
-    from poslens.metrics import retention
-
     diffs = compare(r, base)
     ret = {
         "accuracy": retention(r.accuracy, base.accuracy, floor.accuracy),

@@ -1,0 +1,59 @@
+"""The sample sizes and seeds every experiment shares (each experiment's Config extends it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from poslens._config import ANALYSIS_PRECISIONS, from_dict, one_of, positive_int
+from poslens.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    """Sample sizes and seeds shared by every experiment."""
+
+    n_images: int = 500  # evaluation images: accuracy, margins, SSDC
+    probe_images: int = 200  # the first images of those, split 60/20/20 for the probes
+    batch_size: int = 250
+    seed: int = 0  # RPI permutation, probe split, random draws
+    draws: int = 3  # seeded draws for every random control
+    split: str = "test"  # which fixed split of the task to evaluate on
+    probe_block: int = -1  # site for single-block probes; -1: chosen from the baseline
+    precision: str = "fp32"  # forward passes: fp32, or bf16 / fp16 under torch.autocast
+    # SSDC on the first ssdc_images of the n_images only (0: all of them); the original protocol
+    # measured accuracy on 5,000 images and SSDC on 1,000
+    ssdc_images: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("n_images", "probe_images", "batch_size", "draws"):
+            positive_int(f"analysis.{name}", getattr(self, name))
+        positive_int("analysis.seed", self.seed, allow_zero=True)
+        if self.n_images < 10:
+            raise ConfigError(f"analysis.n_images must be at least 10, got {self.n_images}")
+        if self.probe_images < 10:
+            raise ConfigError(f"analysis.probe_images must be at least 10, got {self.probe_images}")
+        positive_int("analysis.ssdc_images", self.ssdc_images, allow_zero=True)
+        if not (self.ssdc_images == 0 or 10 <= self.ssdc_images <= self.n_images):
+            raise ConfigError(
+                f"analysis.ssdc_images must be 0 (all) or 10..analysis.n_images ({self.n_images}), "
+                f"got {self.ssdc_images}"
+            )
+        if self.probe_images > self.n_images:
+            raise ConfigError(
+                f"analysis.probe_images ({self.probe_images}) cannot exceed analysis.n_images "
+                f"({self.n_images})"
+            )
+        one_of("analysis.split", self.split, ("val", "test"))
+        one_of("analysis.precision", self.precision, ANALYSIS_PRECISIONS)
+        if not isinstance(self.probe_block, int) or self.probe_block < -1:
+            raise ConfigError(
+                f"analysis.probe_block must be -1 (automatic) or a site index, got {self.probe_block!r}"
+            )
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ExperimentConfig:
+        return from_dict(cls, d, "analysis")
+
+
+__all__ = ["ExperimentConfig"]
