@@ -8,7 +8,8 @@ from __future__ import annotations
 import csv
 import dataclasses
 import io
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
@@ -30,6 +31,44 @@ class Result(Protocol):
     def tables(self) -> dict[str, list[dict[str, Any]]]: ...
 
     def plot(self) -> Figure: ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class Header:
+    """The fields every image-based result starts with: the model's encoding, its residual sites
+    ('0', ..., 'out'), the site single-site probes read, and the sample sizes.
+
+    `to_dict` is every dataclass field plus the probe site's label and `derived()`, so a result
+    lists nothing twice; a result whose JSON nests its fields overrides `to_dict`.
+    """
+
+    posenc: str
+    sites: list[str]
+    probe_site: int
+    n_images: int
+    probe_images: int
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        return d | {"probe_site_label": self.sites[self.probe_site]} | self.derived()
+
+    def derived(self) -> dict[str, Any]:
+        """Numbers computed from the fields that the JSON records too (none by default)."""
+        return {}
+
+
+# A headline: the few numbers of one experiment that the study aggregates over seeds and its
+# claims read, as a flat `key -> number` dict computed from the experiment's saved JSON (so a
+# resumed study needs no Result objects). Each experiment module defines `headline(doc)`.
+Headline = dict[str, float | None]
+HeadlineFn = Callable[[dict[str, Any]], Headline]
+
+
+def probe_numbers(prefix: str, acc: Sequence[float] | None) -> Headline:
+    """{prefix_exact, prefix_row, prefix_col} from probe accuracies in TARGETS order."""
+    if acc is None:
+        return {}
+    return {f"{prefix}_{t}": float(a) for t, a in zip(TARGETS, acc, strict=True)}
 
 
 def _csv_text(rows: list[dict[str, Any]]) -> str:
