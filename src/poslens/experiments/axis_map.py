@@ -16,6 +16,7 @@ from matplotlib.figure import Figure
 
 from poslens.data import Task
 from poslens.experiments.config import ExperimentConfig
+from poslens.experiments.output import Headline
 from poslens.interventions import axis_map
 from poslens.interventions.rotary import AxisMap
 from poslens.models.vit import ViT
@@ -125,3 +126,14 @@ def run(
     """The axis map of a RoPE model on its training grid (data, cfg and progress are unused)."""
     del data, cfg, progress
     return AxisMapResult(model.cfg.posenc, model.cfg.rope_layout, axis_map(model))
+
+
+def headline(d: dict[str, Any]) -> Headline:
+    """Plane counts per axis, the share of axis-aligned planes and the row planes per head."""
+    total = sum(d["counts"].values())
+    out: Headline = {f"planes_{k}": float(v) for k, v in d["counts"].items()}
+    out["fraction_axis_aligned"] = (d["counts"]["row"] + d["counts"]["col"]) / total if total else 0
+    out["mean_alignment"] = d["mean_alignment"]
+    out["head_blocks"] = float(len(d["per_head"]))  # depth x heads
+    out["row_planes_per_head"] = d["counts"]["row"] / max(1, len(d["per_head"]))
+    return out

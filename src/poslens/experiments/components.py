@@ -26,6 +26,7 @@ from poslens.distributed import gather, shard
 from poslens.errors import ConfigError
 from poslens.experiments.conditions import Condition
 from poslens.experiments.config import ExperimentConfig
+from poslens.experiments.output import Header, Headline, top_level_numbers
 from poslens.experiments.readout import (
     ConditionResult,
     eval_images,
@@ -138,28 +139,11 @@ class Patching:
 
 
 @dataclass(frozen=True)
-class Components:
+class Components(Header):
     name: ClassVar[str] = "components"
-    posenc: str
-    sites: list[str]
-    probe_site: int
     baseline: dict[str, Any]
     ablations: list[ConditionResult]
     patching: Patching | None
-    n_images: int
-    probe_images: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "posenc": self.posenc,
-            "sites": self.sites,
-            "probe_site": self.probe_site,
-            "baseline": self.baseline,
-            "ablations": self.ablations,
-            "patching": self.patching,
-            "n_images": self.n_images,
-            "probe_images": self.probe_images,
-        }
 
     def tables(self) -> dict[str, list[dict[str, Any]]]:
         out = {"ablations": [c.row(self.sites, self.probe_site) for c in self.ablations]}
@@ -341,3 +325,8 @@ def run(model: ViT, data: Task, cfg: Config | None = None, progress: bool = Fals
         n_images=len(x),
         probe_images=cfg.probe_images,
     )
+
+
+def headline(d: dict[str, Any]) -> Headline:
+    """The top-level numbers (no claim reads this experiment)."""
+    return top_level_numbers(d)

@@ -17,7 +17,7 @@ from matplotlib.figure import Figure
 from poslens.data import Task
 from poslens.distributed import in_order, shard
 from poslens.experiments.config import ExperimentConfig
-from poslens.experiments.output import probe_rows
+from poslens.experiments.output import Header, Headline, probe_numbers, probe_rows
 from poslens.experiments.readout import (
     choose_probe_site,
     eval_images,
@@ -39,12 +39,13 @@ def applies(model: ViT) -> str | None:
 
 
 @dataclass(frozen=True)
-class DepthProfile:
-    """Per-site position readouts of one model (arrays are [sites]; probes [sites, 3])."""
+class DepthProfile(Header):
+    """Per-site position readouts of one model (arrays are [sites]; probes [sites, 3]).
+
+    probe_site: cfg.probe_block if fixed, else where the probes peak (ties: highest RPI-SSDC).
+    """
 
     name: ClassVar[str] = "depth_profile"
-    posenc: str
-    sites: list[str]
     accuracy: float
     margin: float
     ssdc_clean: np.ndarray
@@ -55,16 +56,12 @@ class DepthProfile:
     control: ProbeResult  # same probes, randomly initialised model of the same shape
     control_ssdc_rpi: np.ndarray
     effective_rank: np.ndarray  # normalised residual, patch tokens of the probe images
-    probe_site: int  # cfg.probe_block if fixed, else where probes peak (ties: highest RPI-SSDC)
-    n_images: int
-    probe_images: int
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "posenc": self.posenc,
-            "sites": self.sites,
-            "accuracy": self.accuracy,
-            "margin": self.margin,
+        """The header, then the SSDC curves grouped under "ssdc" and the control's probes."""
+        own = ("ssdc_clean", "ssdc_clean_norm", "ssdc_rpi", "ssdc_rpi_norm", "control_ssdc_rpi")
+        d = {k: v for k, v in super().to_dict().items() if k not in (*own, "control")}
+        return d | {
             "ssdc": {
                 "clean": self.ssdc_clean,
                 "clean_norm": self.ssdc_clean_norm,
@@ -72,13 +69,7 @@ class DepthProfile:
                 "rpi_norm": self.ssdc_rpi_norm,
                 "control_rpi": self.control_ssdc_rpi,
             },
-            "probes": self.probes.to_dict(),
-            "probes_control_random_init": self.control.to_dict(),
-            "effective_rank": self.effective_rank,
-            "probe_site": self.probe_site,
-            "probe_site_label": self.sites[self.probe_site],
-            "n_images": self.n_images,
-            "probe_images": self.probe_images,
+            "probes_control_random_init": self.control,
         }
 
     def tables(self) -> dict[str, list[dict[str, Any]]]:
@@ -176,3 +167,16 @@ def run(
         n_images=len(x),
         probe_images=cfg.probe_images,
     )
+
+
+def headline(d: dict[str, Any]) -> Headline:
+    """Accuracy, RPI-SSDC at every site, and the probes at the probe site beside chance and the
+    random-init control."""
+    site = d["probe_site"]
+    out: Headline = {"accuracy": d["accuracy"], "probe_site": float(site)}
+    out |= {f"ssdc_rpi@{s}": v for s, v in zip(d["sites"], d["ssdc"]["rpi"], strict=True)}
+    out["control_ssdc_rpi_out"] = d["ssdc"]["control_rpi"][-1]
+    out |= probe_numbers("probe", d["probes"]["test_acc"][site])
+    out |= probe_numbers("chance", d["probes"]["chance"])
+    out |= probe_numbers("control_probe", d["probes_control_random_init"]["test_acc"][site])
+    return out

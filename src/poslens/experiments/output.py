@@ -71,6 +71,32 @@ def probe_numbers(prefix: str, acc: Sequence[float] | None) -> Headline:
     return {f"{prefix}_{t}": float(a) for t, a in zip(TARGETS, acc, strict=True)}
 
 
+def condition_numbers(prefix: str, c: dict[str, Any]) -> Headline:
+    """Accuracy, paired margin change, output RPI-SSDC, probes and retentions of one condition
+    (a ConditionResult's JSON)."""
+    out: Headline = {
+        f"{prefix}.accuracy": c["accuracy"],
+        f"{prefix}.margin": c["margin"],
+        f"{prefix}.d_accuracy_se": c["d_accuracy"]["se"],
+        f"{prefix}.d_margin": c["d_margin"]["mean"],
+        f"{prefix}.d_margin_se": c["d_margin"]["se"],
+        f"{prefix}.ssdc_rpi_out": c["ssdc_rpi"][-1],
+    }
+    out |= probe_numbers(f"{prefix}.probe", c.get("probe"))
+    for key in ("accuracy", "ssdc_out", "probe_row", "probe_col"):
+        if key in c["retention"]:
+            out[f"{prefix}.retention_{key}"] = c["retention"][key]
+    return out
+
+
+def top_level_numbers(d: dict[str, Any]) -> Headline:
+    """Every top-level number of a result's JSON: the headline of experiments the claims do not
+    read."""
+    return {
+        k: float(v) for k, v in d.items() if isinstance(v, int | float) and not isinstance(v, bool)
+    }
+
+
 def _csv_text(rows: list[dict[str, Any]]) -> str:
     buf = io.StringIO()
     columns = list(dict.fromkeys(k for r in rows for k in r))

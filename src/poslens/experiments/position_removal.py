@@ -21,6 +21,7 @@ from poslens.data import Task
 from poslens.errors import ConfigError
 from poslens.experiments.conditions import Condition, planes_off, random_mask
 from poslens.experiments.config import ExperimentConfig
+from poslens.experiments.output import Header, Headline, condition_numbers, probe_numbers
 from poslens.experiments.readout import (
     ConditionResult,
     eval_images,
@@ -105,31 +106,12 @@ def conditions(model: ViT, cfg: Config) -> list[tuple[str, Condition, dict[str, 
 
 
 @dataclass(frozen=True)
-class PositionRemoval:
+class PositionRemoval(Header):
     name: ClassVar[str] = "position_removal"
-    posenc: str
-    sites: list[str]
-    probe_site: int
     baseline: dict[str, Any]
     floor: ConditionResult
     conditions: list[ConditionResult]
-    n_images: int
-    probe_images: int
     random_summary: dict[str, dict[str, float]] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "posenc": self.posenc,
-            "sites": self.sites,
-            "probe_site": self.probe_site,
-            "probe_site_label": self.sites[self.probe_site],
-            "baseline": self.baseline,
-            "floor": self.floor,
-            "conditions": self.conditions,
-            "random_summary": self.random_summary,
-            "n_images": self.n_images,
-            "probe_images": self.probe_images,
-        }
 
     def tables(self) -> dict[str, list[dict[str, Any]]]:
         rows = [c.row(self.sites, self.probe_site) for c in [self.floor, *self.conditions]]
@@ -245,3 +227,20 @@ def run(
         probe_images=cfg.probe_images,
         random_summary=random_summary(results),
     )
+
+
+def headline(d: dict[str, Any]) -> Headline:
+    """Intact and floor, every named condition, and the mean (SE over draws) of each random_n."""
+    out: Headline = {"intact.accuracy": d["baseline"]["accuracy"]}
+    out["intact.margin"] = d["baseline"]["margin"]
+    out |= probe_numbers("intact.probe", d["baseline"]["probe"])
+    out |= probe_numbers("chance", d["baseline"]["probes"]["chance"])
+    out |= condition_numbers("floor", d["floor"])
+    for c in d["conditions"]:
+        if "/" not in c["name"]:  # random draws are summarised below
+            out |= condition_numbers(c["name"], c)
+    for name, s in d.get("random_summary", {}).items():
+        out[f"{name}.accuracy"] = s["accuracy"]
+        out[f"{name}.accuracy_se"] = s["accuracy_se"]
+        out |= {f"{name}.probe_{t}": s[f"probe_{t}"] for t in TARGETS if f"probe_{t}" in s}
+    return out

@@ -25,7 +25,7 @@ from poslens.distributed import shard
 from poslens.errors import UserError
 from poslens.experiments.conditions import Condition, combine, floor_condition
 from poslens.experiments.config import ExperimentConfig
-from poslens.experiments.output import probe_rows
+from poslens.experiments.output import Header, Headline, probe_rows, top_level_numbers
 from poslens.experiments.readout import (
     ConditionResult,
     Readout,
@@ -97,15 +97,12 @@ def prefix_mass(
 
 
 @dataclass(frozen=True)
-class PrefixAttention:
+class PrefixAttention(Header):
     """Blocked vs intact, and blocked-on-floor vs floor (the control)."""
 
     name: ClassVar[str] = "prefix_attention"
-    posenc: str
     pool: str
     num_prefix: int
-    sites: list[str]
-    probe_site: int
     baseline: dict[str, Any]
     floor: ConditionResult
     blocked: ConditionResult
@@ -113,27 +110,9 @@ class PrefixAttention:
     floor_blocked_vs_floor: dict[str, PairedDiff]  # the control: what blocking does at the floor
     probes: dict[str, ProbeResult]  # every site: "intact", "blocked", "floor_blocked"
     attention_to_prefix: np.ndarray  # [depth, H], intact model, patch queries
-    n_images: int
-    probe_images: int
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "posenc": self.posenc,
-            "pool": self.pool,
-            "num_prefix": self.num_prefix,
-            "sites": self.sites,
-            "probe_site": self.probe_site,
-            "probe_site_label": self.sites[self.probe_site],
-            "baseline": self.baseline,
-            "floor": self.floor,
-            "blocked": self.blocked,
-            "floor_blocked": self.floor_blocked,
-            "floor_blocked_vs_floor": self.floor_blocked_vs_floor,
-            "probes": {"sites": self.sites, **self.probes},
-            "attention_to_prefix": self.attention_to_prefix,
-            "n_images": self.n_images,
-            "probe_images": self.probe_images,
-        }
+        return super().to_dict() | {"probes": {"sites": self.sites, **self.probes}}
 
     def tables(self) -> dict[str, list[dict[str, Any]]]:
         rows = [c.row(self.sites, self.probe_site) for c in self.conditions()]
@@ -247,3 +226,8 @@ def run(
         n_images=len(x),
         probe_images=cfg.probe_images,
     )
+
+
+def headline(d: dict[str, Any]) -> Headline:
+    """The top-level numbers (no claim reads this experiment)."""
+    return top_level_numbers(d)

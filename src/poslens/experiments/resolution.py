@@ -25,6 +25,7 @@ from matplotlib.figure import Figure
 from poslens.data import Task, build_task
 from poslens.errors import ConfigError, UserError
 from poslens.experiments import position_removal
+from poslens.experiments.output import Headline, top_level_numbers
 from poslens.experiments.position_removal import mean_condition, random_ns, random_summary
 from poslens.experiments.readout import (
     ConditionResult,
@@ -302,3 +303,8 @@ def _readout(ref: Reference, readouts: dict[str, Readout], name: str) -> Readout
     if name == "intact":
         return ref.base
     return ref.floor if name == "floor" else readouts[name]
+
+
+def headline(d: dict[str, Any]) -> Headline:
+    """The top-level numbers (no claim reads this experiment)."""
+    return top_level_numbers(d)

@@ -29,6 +29,7 @@ from poslens.data import Task
 from poslens.errors import ConfigError
 from poslens.experiments.conditions import Condition, floor_condition
 from poslens.experiments.config import ExperimentConfig
+from poslens.experiments.output import Headline
 from poslens.experiments.readout import (
     ConditionResult,
     Readout,
@@ -484,3 +485,25 @@ def run(
 
 
 __all__ = ["Config", "SAECausal", "SiteResult", "run", "run_site"]
+
+
+def headline(d: dict[str, Any]) -> Headline:
+    """Per SAE site: quality, the kinds of positional latents, the reconstruction confound, the
+    numbers of zeroing all positional latents (plain and +error) and of matched random latents,
+    and whether the probe / the task effect counted as causal."""
+    out: Headline = {}
+    for site, r in d["sae_sites"].items():
+        v = r["verdict"]
+        out[f"{site}.fvu"] = r["sae_quality"]["fvu"]
+        out[f"{site}.n_positional"] = float(v["n_positional"])
+        out |= {f"{site}.latents_{k}": float(n) for k, n in v["kinds"].items()}
+        out[f"{site}.recon.d_accuracy"] = v["reconstruction"]["d_accuracy"]
+        out[f"{site}.recon.probe_drop_out"] = v["reconstruction"]["probe_drop_out"]
+        for key in ("zero_all", "zero_all+error", "matched_all"):
+            for k, x in v.get(key, {}).items():
+                if k != "draws" and not k.endswith("_se"):
+                    out[f"{site}.{key}.{k}"] = x
+        verdict = d["verdict"][site]
+        out[f"{site}.probe_causal"] = float(verdict["probe_causal"])
+        out[f"{site}.task_causal"] = float(verdict["task_causal"])
+    return out

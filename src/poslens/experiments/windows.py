@@ -20,6 +20,7 @@ from poslens.data import Task
 from poslens.errors import ConfigError
 from poslens.experiments.conditions import Condition, planes_off, random_mask
 from poslens.experiments.config import ExperimentConfig
+from poslens.experiments.output import Header, Headline, condition_numbers
 from poslens.experiments.readout import (
     ConditionResult,
     Readout,
@@ -150,29 +151,14 @@ def _all(model: ViT) -> torch.Tensor:
 
 
 @dataclass(frozen=True)
-class Windows:
+class Windows(Header):
     name: ClassVar[str] = "windows"
-    posenc: str
-    sites: list[str]
-    probe_site: int
     baseline: dict[str, Any]  # accuracy, margin, ssdc_rpi [sites], probes [sites, 3]
     floor: dict[str, Any]
     windows: list[Window]
-    n_images: int
-    probe_images: int
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "posenc": self.posenc,
-            "sites": self.sites,
-            "probe_site": self.probe_site,
-            "baseline": self.baseline,
-            "floor": self.floor,
-            "onset_fraction": ONSET_FRACTION,
-            "windows": self.windows,
-            "n_images": self.n_images,
-            "probe_images": self.probe_images,
-        }
+    def derived(self) -> dict[str, Any]:
+        return {"onset_fraction": ONSET_FRACTION}
 
     def tables(self) -> dict[str, list[dict[str, Any]]]:
         rows = []
@@ -294,3 +280,37 @@ def run(model: ViT, data: Task, cfg: Config | None = None, progress: bool = Fals
         n_images=len(x),
         probe_images=cfg.probe_images,
     )
+
+
+def headline(d: dict[str, Any]) -> Headline:
+    """Intact and floor; per named window its condition numbers, the retention of RPI-SSDC right
+    after a prefix window and the onset of recovery; the mean accuracy of each random window."""
+    out: Headline = {"intact.accuracy": d["baseline"]["accuracy"]}
+    out["intact.margin"] = d["baseline"]["margin"]
+    out["intact.ssdc_rpi_out"] = d["baseline"]["ssdc_rpi"][-1]
+    out["floor.accuracy"] = d["floor"]["accuracy"]
+    out["floor.margin"] = d["floor"]["margin"]
+    out["floor.ssdc_rpi_out"] = d["floor"]["ssdc_rpi"][-1]
+    random: dict[str, list[float]] = {}
+    for w in d["windows"]:
+        name = w["result"]["name"]
+        if "/" in name:
+            random.setdefault(name.split("/")[0], []).append(w["result"]["accuracy"])
+            continue
+        out |= condition_numbers(name, w["result"])
+        last = w["blocks"][-1]
+        if w["kind"].endswith("prefix") and last + 1 < len(d["sites"]):
+            # retention right after the window (the floor there is exact by construction)
+            ssdc, base, floor = (
+                w["result"]["ssdc_rpi"][last + 1],
+                d["baseline"]["ssdc_rpi"][last + 1],
+                d["floor"]["ssdc_rpi"][last + 1],
+            )
+            span = base - floor
+            out[f"{name}.retention_ssdc_after_window"] = (
+                (ssdc - floor) / span if abs(span) > 1e-12 else None
+            )
+        out[f"{name}.onset"] = None if w["onset"] is None else float(w["onset"])
+    for name, accs in random.items():
+        out[f"{name}.accuracy"] = float(np.mean(accs))
+    return out
