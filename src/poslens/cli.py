@@ -119,20 +119,19 @@ def _overrides(items: Sequence[str], names: Sequence[str]) -> dict[str, dict[str
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
-    import dataclasses
-    import time
-
     import poslens
     from poslens import distributed, experiments
     from poslens._config import override
-    from poslens.experiments.output import save
+    from poslens.experiments.analyze import analyze
     from poslens.io import jsonable, write_json
     from poslens.precision import autocast
 
     names = (
-        list(experiments.EXPERIMENTS) if args.experiments == "all" else args.experiments.split(",")
+        list(experiments.EXPERIMENTS)
+        if args.experiments == "all"
+        else [n.strip() for n in args.experiments.split(",")]
     )
-    modules = [experiments.get(n.strip()) for n in names]  # validates every name before any work
+    modules = [experiments.get(n) for n in names]  # validates every name before any work
     common = {
         "n_images": args.images,
         "probe_images": min(args.probe_images, args.images),
@@ -169,32 +168,32 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         source = {"checkpoint": str(args.checkpoint)}
     autocast(model, args.precision)  # UserError now if torch cannot run this precision here
     out = Path(args.out)
+    # Under torchrun every rank evaluates its share of the images; rank 0 prints and writes.
+    main = distributed.is_main()
+    report = print if main else lambda *_a, **_k: None
+
+    def done(name: str, record: dict[str, object]) -> None:
+        if "skipped" in record:
+            report(f"{name:<18} skipped: {record['skipped']}")
+        else:
+            files = ", ".join(f.name for f in record["files"])  # type: ignore[attr-defined]
+            report(f"{name:<18} {record['seconds']:6.0f}s  {files}")
+
+    records = analyze(
+        model, data, names, configs, out, progress=main and not args.no_progress, on_done=done
+    )
     summary: dict[str, object] = {
         **source,
         "posenc": model.cfg.posenc,
         "version": poslens.__version__,
         "analysis": common,
-        "experiments": {},
-    }
-    # Under torchrun every rank evaluates its share of the images; rank 0 prints and writes.
-    main = distributed.is_main()
-    report = print if main else lambda *_a, **_k: None
-    for name, module, cfg in zip(names, modules, configs, strict=True):
-        reason = module.applies(model)
-        if reason is not None:
-            report(f"{name:<18} skipped: {reason}")
-            summary["experiments"][name] = {"skipped": reason}  # type: ignore[index]
-            continue
-        start = time.perf_counter()
-        result = module.run(model, data, cfg, progress=main and not args.no_progress)
-        files = save(result, out, config=cfg)
-        seconds = time.perf_counter() - start
-        summary["experiments"][name] = {  # type: ignore[index]
-            "seconds": round(seconds, 1),
-            "files": [f.name for f in files],
-            "config": dataclasses.asdict(cfg),
-        }
-        report(f"{name:<18} {seconds:6.0f}s  {', '.join(f.name for f in files)}")
+        "experiments": {
+            name: r if "skipped" in r else {
+                "seconds": r["seconds"], "files": [f.name for f in r["files"]], "config": r["config"]
+            }
+            for name, r in records.items()
+        },
+    }  # fmt: skip
     if main:
         world = distributed.world()[1]
         if world > 1:

@@ -329,7 +329,7 @@ def test_heads_verdict_needs_held_out_rebuilders_linked_to_specialization() -> N
 
 
 def test_train_set_items_can_target_one_encoding() -> None:
-    from poslens.study.run import checkpoint_dir, run_config
+    from poslens.study.plan import checkpoint_dir, run_config
 
     cfg = StudyConfig(train_set=("model.dim=64", "train.steps=1200", "ape:train.steps=2000"))
     ape, rope = run_config(cfg, "ape", 0), run_config(cfg, "rope_axial", 0)

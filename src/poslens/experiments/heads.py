@@ -72,6 +72,7 @@ from poslens.distributed import shard
 from poslens.errors import ConfigError
 from poslens.experiments.conditions import Condition, combine, intact, planes_off
 from poslens.experiments.config import ExperimentConfig
+from poslens.experiments.output import Headline
 from poslens.experiments.readout import (
     ConditionResult,
     Readout,
@@ -1211,3 +1212,24 @@ def run(model: ViT, data: Task, cfg: Config | None = None, progress: bool = Fals
         notes=notes,
         margins={k: r.margin for k, r in readouts.items()} if last is not None else {},
     )
+
+
+def headline(d: dict[str, Any]) -> Headline:
+    """The heads verdict's numbers, flattened ("rebuilding/head.held_out.excess"); lists of
+    units become their count (".n")."""
+    return _flatten(d["verdict"])
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> Headline:
+    out: Headline = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out |= _flatten(v, key + ".")
+        elif isinstance(v, bool):
+            out[key] = float(v)
+        elif isinstance(v, int | float):
+            out[key] = float(v)
+        elif isinstance(v, list):
+            out[key + ".n"] = float(len(v))
+    return out

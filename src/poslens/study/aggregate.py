@@ -1,8 +1,8 @@
 """Headline numbers per experiment and their mean and SE across seeds.
 
-Each experiment defines its own `headline(doc)` (the few numbers the claims and the report tables
-rest on, read from its saved JSON, so a resumed study needs no Result objects); this module
-cleans them (NaN -> None) and aggregates them over a model's runs.
+Each experiment defines its own `headline(doc)`: the few numbers the claims and the report tables
+rest on, read from its saved JSON, so a resumed study needs no Result objects
+(`poslens.experiments.analyze.headline`); this module aggregates them over a model's runs.
 """
 
 from __future__ import annotations
@@ -13,36 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from poslens.experiments import get
-from poslens.experiments.output import Headline
-
-
-def heads(d: dict[str, Any]) -> Headline:
-    """The heads verdict's numbers, flattened ("rebuilding/head.held_out.excess"); lists of
-    units become their count (".n")."""
-    return _flatten(d["verdict"])
-
-
-def _flatten(d: dict[str, Any], prefix: str = "") -> Headline:
-    out: Headline = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out |= _flatten(v, key + ".")
-        elif isinstance(v, bool):
-            out[key] = float(v)
-        elif isinstance(v, int | float):
-            out[key] = float(v)
-        elif isinstance(v, list):
-            out[key + ".n"] = float(len(v))
-    return out
-
-
-def headline(name: str, d: dict[str, Any]) -> Headline:
-    """The headline numbers of experiment `name` from its JSON-ready dict (NaN becomes None)."""
-    fn = getattr(get(name), "headline", None) or heads
-    h = fn(d)
-    return {k: None if v is None or not math.isfinite(v) else float(v) for k, v in h.items()}
+from poslens.experiments.analyze import headline
 
 
 def mean_se(values: Sequence[float | None]) -> dict[str, Any]:

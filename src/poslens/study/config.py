@@ -100,28 +100,11 @@ class StudyConfig:
             return tuple(parse_pretrained(item)[0] for item in self.pretrained)
         return self.models
 
-    def source(self, key: str) -> tuple[str, str]:
-        """(spec, weights) of pretrained model `key`, e.g. ("timm:vit_base_patch16_224", PATH)."""
-        for item in self.pretrained:
-            k, spec, weights = parse_pretrained(item)
-            if k == key:
-                return spec, weights
-        raise KeyError(key)
-
     def train_changes(self, model: str) -> list[str]:
         """train_set items for one model: unprefixed ones, then those prefixed `model:`."""
         common = [t for t in self.train_set if _model_prefix(t) is None]
         own = [t.split(":", 1)[1] for t in self.train_set if _model_prefix(t) == model]
         return common + own
-
-    def skips(self, experiment: str, model: str, posenc: str) -> bool:
-        """Whether `only` excludes this model (named by its study name or its encoding)."""
-        for item in self.only:
-            exp, _, models = item.partition("=")
-            if exp == experiment:
-                listed = {m.strip() for m in models.split(",")}
-                return model not in listed and posenc not in listed
-        return False
 
     def analysis_overrides(self, experiment: str) -> dict[str, str]:
         """`field -> text` overrides for one experiment, from analysis_set."""

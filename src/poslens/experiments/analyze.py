@@ -1,0 +1,73 @@
+"""Run experiments on one model and save them: the loop behind `poslens analyze` and each of the
+study's experiment stages."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from poslens import experiments
+from poslens.data import Task
+from poslens.experiments.config import ExperimentConfig
+from poslens.io import jsonable
+from poslens.models.vit import ViT
+
+Record = dict[str, Any]
+
+
+def analyze(
+    model: ViT,
+    data: Task,
+    names: Sequence[str],
+    configs: Sequence[ExperimentConfig],
+    out: Path,
+    formats: Iterable[str] = ("png",),
+    progress: bool = False,
+    on_done: Callable[[str, Record], None] | None = None,
+) -> dict[str, Record]:
+    """Run each named experiment that applies to `model` with its config and save its files.
+
+    Returns per experiment a record: {"skipped": reason}, or {"seconds", "files" (paths written),
+    "config", "headline"}. Each experiment starts from torch's seed `config.seed`, so a run is
+    reproducible whatever ran before it. `on_done(name, record)` is called as each finishes.
+    """
+    from poslens.experiments.output import save
+
+    formats = tuple(formats)
+    records: dict[str, Record] = {}
+    for name, cfg in zip(names, configs, strict=True):
+        module = experiments.get(name)
+        reason = module.applies(model)
+        if reason is not None:
+            record: Record = {"skipped": reason}
+        else:
+            start = time.perf_counter()
+            torch.manual_seed(cfg.seed)
+            result = module.run(model, data, cfg, progress=progress)
+            files = save(result, out, formats=formats, config=cfg)
+            record = {
+                "seconds": round(time.perf_counter() - start, 1),
+                "files": files,
+                "config": dataclasses.asdict(cfg),
+                "headline": headline(name, jsonable(result.to_dict())),
+            }
+        records[name] = record
+        if on_done is not None:
+            on_done(name, record)
+    return records
+
+
+def headline(name: str, doc: dict[str, Any]) -> dict[str, float | None]:
+    """Experiment `name`'s headline numbers from its JSON document (NaN and infinities: None)."""
+    import math
+
+    h = experiments.get(name).headline(doc)
+    return {k: None if v is None or not math.isfinite(v) else float(v) for k, v in h.items()}
+
+
+__all__ = ["Record", "analyze", "headline"]

@@ -1,0 +1,212 @@
+"""The study resolved once into a typed plan: every run (model x seed) with its source and stages.
+
+`StudyConfig` keeps its small string languages ("timm:NAME=WEIGHTS", "experiment=model,model",
+`section.field=value` overrides) because they are what results.json records and hashes; they are
+parsed here, once, into values the stages use. Everything that can be wrong in a config is found
+here, before any work.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from poslens._config import override
+from poslens.errors import CheckpointError, ConfigError, DataError
+from poslens.experiments import get
+from poslens.experiments.config import ExperimentConfig
+from poslens.study.config import StudyConfig, config_hash, parse_pretrained
+from poslens.training.config import RunConfig, apply_overrides, preset
+
+
+@dataclass(frozen=True)
+class Pretrained:
+    """A pretrained model of the study: its key in results.json, timm spec and weights."""
+
+    key: str  # NAME
+    spec: str  # timm:NAME
+    weights: str  # a .safetensors file, or "hub"
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One unit of work of a run: "train" or "load" first, then one experiment each."""
+
+    kind: str  # "train", "load" or an experiment name
+    model: str
+    seed: int
+    weight: float  # rough relative cost, for the ETA
+    config: ExperimentConfig | None = None  # experiments, and the sizes of a "load" stage
+    # the models (study names or encodings) this experiment is limited to (study.only); None: all
+    only: frozenset[str] | None = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.kind} {self.model} seed {self.seed}"
+
+    def skipped_for(self, posenc: str) -> bool:
+        """Whether study.only leaves this run's model out (named by study name or encoding)."""
+        return self.only is not None and self.model not in self.only and posenc not in self.only
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """One model and seed: where its model comes from and its stages in order."""
+
+    model: str
+    seed: int
+    stages: tuple[Stage, ...]
+    run_config: RunConfig | None = None  # trained models
+    checkpoint: Path | None = None  # trained models: checkpoints/<model>_s<seed>_<hash>
+    pretrained: Pretrained | None = None
+    images: str = ""  # pretrained models: their image folder
+
+    @property
+    def weight(self) -> float:
+        return sum(s.weight for s in self.stages)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The whole study: its config, output folder, where it runs and every run."""
+
+    cfg: StudyConfig
+    out: Path
+    device: str
+    jobs: int  # parallel processes
+    threads: int  # torch threads per process (0: torch's default)
+    runs: tuple[RunPlan, ...]
+
+    @property
+    def stages_total(self) -> int:
+        return sum(len(r.stages) for r in self.runs)
+
+
+def run_config(cfg: StudyConfig, model: str, seed: int, threads: int = 0) -> RunConfig:
+    """The training config of one model and seed: the encoding's preset plus the study's changes."""
+    sets = [*cfg.train_changes(model), f"train.seed={seed}", f'data.task="{cfg.task}"']
+    if threads:
+        sets.append(f"train.threads={threads}")
+    return apply_overrides(preset(model), sets)
+
+
+def experiment_configs(cfg: StudyConfig, seed: int = 0) -> dict[str, ExperimentConfig]:
+    """Each experiment's config (shared sizes + the study's overrides); ConfigError before work.
+
+    A trained model's seed changes its weights, so its analysis uses seed 0 throughout; a
+    pretrained model's seeds are analysis seeds (RPI permutation, probe split, random draws).
+    """
+    common = {
+        "n_images": cfg.n_images,
+        "probe_images": cfg.probe_images,
+        "batch_size": cfg.batch_size,
+        "seed": seed if cfg.pretrained else 0,
+        "ssdc_images": cfg.ssdc_images,
+        "precision": cfg.precision,
+    }
+    out = {}
+    for name in cfg.experiments:
+        module = get(name)
+        out[name] = module.Config(
+            **common, **override(module.Config, name, cfg.analysis_overrides(name))
+        )
+    return out
+
+
+def checkpoint_dir(out: Path, model: str, seed: int, rc: RunConfig) -> Path:
+    d = rc.to_dict()
+    d["train"] = {k: v for k, v in d["train"].items() if k != "threads"}  # threads change no weight
+    return out / "checkpoints" / f"{model}_s{seed}_{config_hash(d)}"
+
+
+def only_models(cfg: StudyConfig) -> dict[str, frozenset[str]]:
+    """study.only parsed: experiment -> the models (study names or encodings) it runs on."""
+    out = {}
+    for item in cfg.only:
+        exp, _, models = item.partition("=")
+        out[exp] = frozenset(m.strip() for m in models.split(","))
+    return out
+
+
+def pretrained_models(cfg: StudyConfig) -> tuple[Pretrained, ...]:
+    return tuple(Pretrained(*parse_pretrained(item)) for item in cfg.pretrained)
+
+
+def stage_weight(kind: str, cfg: StudyConfig, rc: RunConfig | None) -> float:
+    """Relative cost of a stage (training images vs evaluated images) for the progress ETA."""
+    if kind == "train":
+        assert rc is not None
+        return rc.train.steps * rc.train.batch_size / 100
+    if kind == "load":
+        return cfg.n_images / 100
+    per_image = {"windows": 12, "heads": 20, "sae_causal": 30, "components": 40}.get(kind, 4)
+    return per_image * cfg.n_images / 100
+
+
+def jobs_for(jobs: int, device: str, n_runs: int) -> int:
+    """Parallel model/seed runs: by default one per core on the CPU (each single-threaded)."""
+    if jobs:
+        return max(1, min(jobs, n_runs))
+    if device != "cpu":
+        return 1
+    return max(1, min(os.cpu_count() or 1, n_runs))
+
+
+def check_sources(models: tuple[Pretrained, ...], images: str) -> None:
+    """Pretrained weights files and the image folder exist: one-line errors before any work."""
+    for m in models:
+        if m.weights != "hub" and not Path(m.weights).is_file():
+            raise CheckpointError(f"{m.spec}: weights file {m.weights} not found")
+    if models and not Path(images).exists():
+        raise DataError(f"image folder {images} does not exist")
+
+
+def make_plan(
+    cfg: StudyConfig, out: str | Path, device: str = "cpu", threads: int = 0, jobs: int = 1
+) -> Plan:
+    """Resolve `cfg` into every run's stages; ConfigError, CheckpointError or DataError before
+    any work. jobs 0: one process per core on the CPU; threads 0: the cores divided among them."""
+    out = Path(out)
+    if not isinstance(jobs, int) or jobs < 0:
+        raise ConfigError(f"jobs must be 0 (one per core) or a positive count, got {jobs!r}")
+    if not isinstance(threads, int) or threads < 0:
+        raise ConfigError(f"threads must be 0 (automatic) or a positive count, got {threads!r}")
+    pretrained = pretrained_models(cfg)
+    check_sources(pretrained, cfg.images)
+    only = only_models(cfg)
+    keys = cfg.model_keys
+    n_jobs = jobs_for(jobs, device, len(keys) * cfg.seeds)
+    if not threads and n_jobs > 1:
+        threads = max(1, (os.cpu_count() or 1) // n_jobs)
+    runs = []
+    for model in keys:
+        for seed in range(cfg.seeds):
+            ecfgs = experiment_configs(cfg, seed)
+            if pretrained:
+                rc, first, ckpt = None, "load", None
+                source = next(p for p in pretrained if p.key == model)
+            else:
+                rc, first, source = run_config(cfg, model, seed, threads), "train", None
+                ckpt = checkpoint_dir(out, model, seed, rc)
+            # the load stage measures accuracy on the evaluation images: the study's sizes only
+            lcfg = ExperimentConfig(n_images=cfg.n_images, probe_images=cfg.probe_images,
+                                    batch_size=cfg.batch_size) if pretrained else None  # fmt: skip
+            stages = [Stage(first, model, seed, stage_weight(first, cfg, rc), lcfg)]
+            stages += [
+                Stage(name, model, seed, stage_weight(name, cfg, rc), ecfgs[name], only.get(name))
+                for name in cfg.experiments
+            ]
+            runs.append(
+                RunPlan(model, seed, tuple(stages), rc, ckpt, source, cfg.images if source else "")
+            )
+    return Plan(cfg, out, device, n_jobs, threads, tuple(runs))
+
+
+def stage_hash(stage: Stage, skip: bool, source_identity: dict[str, object]) -> str:
+    """The reuse key of an experiment stage: its config, whether it is skipped, and the source."""
+    assert stage.config is not None
+    return config_hash(asdict(stage.config) | {"skip": skip} | source_identity)
+
+
+__all__ = ["Plan", "Pretrained", "RunPlan", "Stage", "make_plan", "run_config"]

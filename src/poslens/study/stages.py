@@ -1,0 +1,237 @@
+"""The stages of one run: train (or load a pretrained model), then each experiment.
+
+Each stage's files are written atomically and then its `<stage>.stage.json` marker, keyed by a
+hash of everything its results depend on; a stage whose marker matches is reused, so an
+interrupted study continues where it stopped.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+import poslens
+from poslens.data import Task
+from poslens.errors import CheckpointError
+from poslens.experiments.analyze import analyze
+from poslens.experiments.config import ExperimentConfig
+from poslens.experiments.readout import eval_images
+from poslens.io import jsonable, read_json, write_json
+from poslens.models.vit import ViT
+from poslens.study.config import config_hash
+from poslens.study.plan import RunPlan, Stage, stage_hash
+
+
+class Events(Protocol):
+    """Where a run reports ("start" | "done", Stage) for the progress display."""
+
+    def put(self, item: tuple[str, Stage]) -> None: ...
+
+
+@dataclass
+class Source:
+    """Where one run's model and images come from: a study checkpoint, or pretrained weights
+    ("timm:NAME" + a weights file or "hub") with an image folder shuffled by `seed`."""
+
+    checkpoint: Path | None = None
+    spec: str = ""
+    weights: str = ""
+    images: str = ""
+    seed: int = 0
+
+    # The run's images, built once per run and shared by its stages (decoding a large image folder
+    # again for every experiment would cost more than the experiment); tasks are read-only.
+    _task: Task | None = field(default=None, init=False, compare=False, repr=False)
+
+    @classmethod
+    def of(cls, run: RunPlan) -> Source:
+        if run.pretrained is None:
+            return cls(checkpoint=run.checkpoint)
+        p = run.pretrained
+        return cls(spec=p.spec, weights=p.weights, images=run.images, seed=run.seed)
+
+    def load(self, device: str) -> tuple[ViT, Task]:
+        """A fresh model (stages never share one) and the run's images."""
+        if self.checkpoint is not None:
+            model = poslens.load(self.checkpoint, device=device)
+        else:
+            model = poslens.load(self.spec, weights=self.weights, device=device)
+        if self._task is None:
+            self._task = (
+                poslens.load_task(self.checkpoint)
+                if self.checkpoint is not None
+                else poslens.load_images(self.images, self.spec, model, seed=self.seed)
+            )
+        return model, self._task
+
+    def identity(self) -> dict[str, Any]:
+        """What the results depend on, for the stage reuse key: the checkpoint (its name holds
+        its config hash), or the pretrained model, its weights file (path and size) and images."""
+        if self.checkpoint is not None:
+            return {"checkpoint": self.checkpoint.name}
+        weights = Path(self.weights)
+        size = weights.stat().st_size if weights.is_file() else None
+        return {"model": self.spec, "weights": self.weights, "weights_bytes": size,
+                "images": str(Path(self.images).resolve()), "image_seed": self.seed}  # fmt: skip
+
+
+def finished(path: Path, key: str) -> dict[str, Any] | None:
+    """The stage record if this stage already finished with the same reuse key."""
+    if not path.is_file():
+        return None
+    try:
+        rec = read_json(path, "stage record")
+    except CheckpointError:
+        return None
+    return rec if rec.get("config_hash") == key else None
+
+
+def train_stage(run: RunPlan, device: str) -> tuple[dict[str, Any], bool]:
+    """Train into the run's checkpoint folder, resuming a partial run; (metrics, reused)."""
+    from poslens.training.train import METRICS, STATE, train
+
+    ckpt, rc = run.checkpoint, run.run_config
+    assert ckpt is not None and rc is not None
+    if (ckpt / METRICS).is_file():
+        return read_json(ckpt / METRICS, "training metrics"), True
+    resume = (ckpt / STATE).is_file()
+    return train(rc, ckpt, resume=resume, progress=False, device=device), False
+
+
+@torch.no_grad()
+def load_stage(source: Source, ecfg: ExperimentConfig, device: str) -> dict[str, Any]:
+    """A pretrained run's first stage: load the model and images, and measure test accuracy on the
+    evaluation images (the pretrained counterpart of a trained model's training summary)."""
+    model, data = source.load(device)
+    x, y = eval_images(data, ecfg)
+    dev, n_classes = model.head.weight.device, model.cfg.num_classes
+    correct = sum(
+        int((model(x[i : i + ecfg.batch_size].to(dev)).argmax(-1).cpu() == y[i : i + ecfg.batch_size]).sum())
+        for i in range(0, len(x), ecfg.batch_size)
+    ) if n_classes else None  # fmt: skip
+    return {  # a backbone without classifier (num_classes=0) has no accuracy: null
+        "model": source.spec,
+        "weights": source.weights,
+        "images": source.images,
+        "posenc": model.cfg.posenc,
+        "test_acc": None if correct is None else correct / len(x),
+        "chance": 1 / n_classes if n_classes else None,
+        "n_images": len(x),
+        "params": sum(p.numel() for p in model.parameters()),
+    }
+
+
+def experiment_stage(
+    stage: Stage, source: Source, run_dir: Path, out: Path, device: str
+) -> dict[str, Any]:
+    """Run one experiment on a run's model and save its files (the marker is the caller's)."""
+    assert stage.config is not None
+    model, data = source.load(device)
+    name = stage.kind
+    record = analyze(model, data, [name], [stage.config], run_dir, formats=("png", "svg"))[name]
+    if "skipped" in record:
+        return {"experiment": name, "skipped": record["skipped"]}
+    files = [str(f.relative_to(out)) for f in record["files"]]
+    return {"experiment": name, "files": files, "headline": record["headline"]}
+
+
+def run_one(
+    run: RunPlan, out: Path, device: str, threads: int, events: Events | None = None
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Train or load (or reuse) one model/seed and run every experiment on it, stage by stage.
+
+    Returns the run's entry for results.json and its stage timings.
+    """
+    if threads:
+        torch.set_num_threads(threads)
+    run_dir = out / "runs" / run.model / f"seed{run.seed}"
+    source = Source.of(run)
+    entry: dict[str, Any] = {}
+    posenc = run.model
+    timings: list[dict[str, Any]] = []
+    for st in run.stages:
+        if events is not None:
+            events.put(("start", st))
+        t0 = time.perf_counter()
+        extra: dict[str, Any] = {}
+        if st.kind == "train":
+            assert run.checkpoint is not None
+            metrics, reused = train_stage(run, device)
+            extra["train_seconds"] = round(float(metrics["train_seconds"]), 1)
+            entry = {
+                "seed": run.seed,
+                "checkpoint": str(run.checkpoint.relative_to(out)),
+                "config_hash": run.checkpoint.name.rsplit("_", 1)[1],
+                "train": train_summary(metrics),
+                "experiments": {},
+                "skipped": {},
+            }
+        elif st.kind == "load":
+            assert st.config is not None
+            c = st.config
+            key = config_hash(
+                source.identity() | {"n_images": c.n_images, "batch_size": c.batch_size}
+            )
+            marker = run_dir / "load.stage.json"
+            record = finished(marker, key)
+            reused = record is not None
+            if record is None:
+                record = load_stage(source, c, device) | {"config_hash": key}
+                write_json(marker, jsonable(record))
+            posenc = record["posenc"]
+            entry = {
+                "seed": run.seed,
+                "checkpoint": source.spec,
+                "config_hash": key,
+                "train": None,
+                "pretrained": {k: v for k, v in record.items() if k != "config_hash"},
+                "experiments": {},
+                "skipped": {},
+            }
+        else:
+            marker = run_dir / f"{st.kind}.stage.json"
+            skip = st.skipped_for(posenc)
+            key = stage_hash(st, skip, source.identity())
+            record = finished(marker, key)
+            reused = record is not None
+            if record is None:
+                if skip:
+                    record = {"skipped": f"not run on {run.model} in this study (study.only)"}
+                else:
+                    record = experiment_stage(st, source, run_dir, out, device)
+                record["config_hash"] = key
+                write_json(marker, jsonable(record))
+            if "skipped" in record:
+                entry["skipped"][st.kind] = record["skipped"]
+            else:
+                entry["experiments"][st.kind] = {
+                    "headline": record["headline"],
+                    "files": record["files"],
+                }
+        seconds = time.perf_counter() - t0
+        timings.append(
+            {"stage": st.kind, "model": run.model, "seed": run.seed,
+             "seconds": round(seconds, 2), "reused": reused} | extra
+        )  # fmt: skip
+        if events is not None:
+            events.put(("done", st))
+    return entry, timings
+
+
+def train_summary(m: dict[str, Any]) -> dict[str, Any]:
+    """The training numbers results.json keeps per run."""
+    return {
+        "test_acc": m["test"]["acc"],
+        "val_acc": m["val"]["acc"],
+        "train_acc": m["train"]["acc"],
+        "chance": m["chance"],
+        "steps": m["steps"],
+        "steps_to_90": m["steps_to_90"],
+    }
+
+
+__all__ = ["Source", "run_one"]
