@@ -84,7 +84,7 @@ def load_images(path: str | Path, spec: str, model: ViT, seed: int = 0) -> Task:
     """
     from poslens.data.folder import PretrainedFolderTask
     from poslens.data.hf import PretrainedHFTask, is_hf_dataset
-    from poslens.models.timm_convert import imagenet_synsets, timm_preprocess
+    from poslens.data.preprocess import imagenet_synsets, timm_preprocess
 
     if not (isinstance(spec, str) and spec.startswith("timm:")):
         raise UserError(f"images with pretrained preprocessing need a timm:NAME model, got {spec}")

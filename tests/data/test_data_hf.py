@@ -18,8 +18,9 @@ import torch
 from PIL import Image
 
 import poslens
-from poslens.data.folder import Preprocess, PretrainedFolderTask
+from poslens.data.folder import PretrainedFolderTask
 from poslens.data.hf import PretrainedHFTask, is_hf_dataset, parse
+from poslens.data.preprocess import Preprocess
 from poslens.errors import DataError
 
 if os.environ.get("POSLENS_FULL") == "1":

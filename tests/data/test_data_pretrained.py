@@ -11,7 +11,8 @@ import pytest
 import torch
 from PIL import Image
 
-from poslens.data.folder import Preprocess, PretrainedFolderTask, class_indices
+from poslens.data.folder import PretrainedFolderTask, class_indices
+from poslens.data.preprocess import Preprocess
 from poslens.errors import DataError
 
 if os.environ.get("POSLENS_FULL") == "1":
@@ -20,7 +21,7 @@ else:
     timm = pytest.importorskip("timm")
 from timm.data import ImageNetInfo, create_transform, resolve_data_config
 
-from poslens.models.timm_convert import timm_preprocess
+from poslens.data.preprocess import timm_preprocess
 
 
 def _write(path: Path, width: int, height: int, seed: int) -> Path:

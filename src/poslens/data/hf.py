@@ -15,13 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from poslens.data.folder import (
-    UNLABELLED,
-    Preprocess,
-    PretrainedImages,
-    class_indices,
-    decode_rgb,
-)
+from poslens.data.folder import UNLABELLED, PretrainedImages, class_indices
+from poslens.data.preprocess import Preprocess, decode_rgb
 from poslens.errors import DataError
 
 SPLIT_SEP = "::"

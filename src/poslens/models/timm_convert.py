@@ -29,22 +29,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from poslens.data.folder import Preprocess
+from poslens._timm import import_timm
 from poslens.errors import CheckpointError, ConfigError, UserError
 from poslens.io import check_state_dict, load_tensors
 from poslens.models.config import ModelConfig
 from poslens.models.vit import ViT
-
-
-def import_timm() -> Any:
-    """The timm module, or a one-line UserError saying how to install it."""
-    try:
-        import timm
-    except ImportError:
-        raise UserError(
-            "timm: model specs need the timm package (pip install 'poslens[timm]')"
-        ) from None
-    return timm
 
 
 def create_timm(name: str, pretrained: bool = False, **kwargs: Any) -> nn.Module:
@@ -367,34 +356,10 @@ def load_timm(name: str, weights: str | Path, device: str = "cpu", **timm_kwargs
     return model.to(torch.device(device))
 
 
-def timm_preprocess(name: str, image_size: int) -> Preprocess:
-    """The eval preprocessing of timm model `name`'s default pretrained config (no download), at
-    the converted model's input side `image_size`."""
-    timm = import_timm()
-    if not timm.is_model(name):
-        raise UserError(f"unknown timm model {name!r} (list them with timm.list_models('vit_*'))")
-    pretrained = timm.models.get_pretrained_cfg(name)
-    config = timm.data.resolve_data_config(
-        pretrained_cfg=pretrained.to_dict() if pretrained is not None else {}
-    )
-    return Preprocess.from_timm(config, image_size)
-
-
-def imagenet_synsets(num_classes: int) -> list[str] | None:
-    """ImageNet-1k synset ids in class order when the model has 1000 classes, else None."""
-    if num_classes != 1000:
-        return None
-    from timm.data import ImageNetInfo
-
-    return list(ImageNetInfo().label_names())
-
-
 __all__ = [
     "check_rotary",
     "convert",
     "create_timm",
-    "imagenet_synsets",
     "import_timm",
     "load_timm",
-    "timm_preprocess",
 ]

@@ -1,0 +1,121 @@
+"""Images for pretrained models: decoding, and timm's eval preprocessing (resize, centre crop,
+normalise) read from a timm model's pretrained config, without downloading anything."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
+import torch
+from PIL import Image, UnidentifiedImageError
+from torch import Tensor
+
+from poslens._timm import import_timm
+from poslens.errors import DataError, UserError
+
+_RESAMPLE = {
+    "bicubic": Image.Resampling.BICUBIC,
+    "bilinear": Image.Resampling.BILINEAR,
+    "nearest": Image.Resampling.NEAREST,
+    "lanczos": Image.Resampling.LANCZOS,
+    "box": Image.Resampling.BOX,
+    "hamming": Image.Resampling.HAMMING,
+}
+
+
+def decode_rgb(source: Path | BinaryIO, name: str) -> Image.Image:
+    """Decode an image file or byte stream to RGB as the folder route does (no EXIF rotation, as
+    torchvision's ImageFolder); `name` says which image in the DataError if it cannot be read."""
+    try:
+        with Image.open(source) as image:
+            return image.convert("RGB")
+    except UnidentifiedImageError:  # PIL's message names the stream object, not the image
+        raise DataError(f"cannot read image {name}: not an image format PIL can decode") from None
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
+        raise DataError(f"cannot read image {name}: {e}") from None
+
+
+@dataclass(frozen=True)
+class Preprocess:
+    """timm's eval transform for a pretrained checkpoint (transforms_imagenet_eval): resize to
+    floor(image_size / crop_pct), centre-crop image_size, scale to [0, 1], normalise per channel."""
+
+    image_size: int
+    crop_pct: float = 0.875
+    crop_mode: str = "center"
+    interpolation: str = "bicubic"
+    mean: tuple[float, float, float] = (0.485, 0.456, 0.406)
+    std: tuple[float, float, float] = (0.229, 0.224, 0.225)
+
+    @classmethod
+    def from_timm(cls, data_config: Mapping[str, object], image_size: int) -> Preprocess:
+        """From timm.data.resolve_data_config output; image_size is the model's input side."""
+        crop_mode = str(data_config.get("crop_mode") or "center")
+        if crop_mode not in ("center", "squash"):
+            raise DataError(f"timm crop_mode {crop_mode!r} is not supported (center, squash)")
+        interpolation = str(data_config.get("interpolation") or "bilinear")
+        if interpolation not in _RESAMPLE:
+            raise DataError(f"timm interpolation {interpolation!r} is not supported")
+        mean = tuple(float(v) for v in data_config["mean"])  # type: ignore[attr-defined]
+        std = tuple(float(v) for v in data_config["std"])  # type: ignore[attr-defined]
+        crop_pct = data_config.get("crop_pct") or 0.875
+        return cls(image_size, float(crop_pct), crop_mode, interpolation, mean, std)  # type: ignore[arg-type]
+
+    def crop(self, image: str | Path | Image.Image) -> np.ndarray:
+        """Resize and centre-crop an image file or decoded image like torchvision on PIL, as RGB.
+        [3, S, S] uint8."""
+        if isinstance(image, Image.Image):
+            image = image.convert("RGB")
+        else:
+            image = decode_rgb(Path(image), str(image))
+        scale = math.floor(self.image_size / self.crop_pct)
+        if self.crop_mode == "squash":
+            size = (scale, scale)
+        else:  # shorter side to `scale`, longer side truncated as torchvision does
+            w, h = image.size
+            short, long = (w, h) if w <= h else (h, w)
+            new_long = int(scale * long / short)
+            size = (scale, new_long) if w <= h else (new_long, scale)
+        if size != image.size:
+            image = image.resize(size, _RESAMPLE[self.interpolation])
+        w, h = image.size
+        s = self.image_size
+        top, left = round((h - s) / 2.0), round((w - s) / 2.0)  # as torchvision
+        pixels = np.asarray(image.crop((left, top, left + s, top + s)), dtype=np.uint8)
+        return np.ascontiguousarray(pixels.transpose(2, 0, 1))  # HWC -> CHW
+
+    def normalise(self, pixels: Tensor) -> Tensor:
+        """uint8 [N, 3, S, S] -> float32 (x / 255 - mean) / std, as ToTensor + Normalize."""
+        x = pixels.float().div(255)
+        mean = torch.tensor(self.mean).view(1, -1, 1, 1)
+        std = torch.tensor(self.std).view(1, -1, 1, 1)
+        return (x - mean) / std
+
+
+def timm_preprocess(name: str, image_size: int) -> Preprocess:
+    """The eval preprocessing of timm model `name`'s default pretrained config (no download), at
+    the converted model's input side `image_size`."""
+    timm = import_timm()
+    if not timm.is_model(name):
+        raise UserError(f"unknown timm model {name!r} (list them with timm.list_models('vit_*'))")
+    pretrained = timm.models.get_pretrained_cfg(name)
+    config = timm.data.resolve_data_config(
+        pretrained_cfg=pretrained.to_dict() if pretrained is not None else {}
+    )
+    return Preprocess.from_timm(config, image_size)
+
+
+def imagenet_synsets(num_classes: int) -> list[str] | None:
+    """ImageNet-1k synset ids in class order when the model has 1000 classes, else None."""
+    if num_classes != 1000:
+        return None
+    from timm.data import ImageNetInfo
+
+    return list(ImageNetInfo().label_names())
+
+
+__all__ = ["Preprocess", "decode_rgb", "imagenet_synsets", "timm_preprocess"]
