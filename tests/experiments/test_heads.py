@@ -20,6 +20,7 @@ from poslens.experiments.output import save
 from poslens.interventions import axis_map, rotary_mask
 from poslens.io import save_tensors, write_json
 from poslens.metrics import correct_class_margin
+from poslens.metrics.stats import ratio_diff_se, ratio_se
 from poslens.models import ViT
 from tests.conftest import tiny
 
@@ -279,16 +280,16 @@ def test_ratio_delta_method_matches_a_paired_bootstrap() -> None:
     common = rng.normal(1.0, 1.0, 400)
     a = 2 * common + rng.normal(0, 0.2, 400)
     b = common + rng.normal(0, 0.2, 400) + 0.5
-    r, se = heads.ratio_se(a, b)
+    r, se = ratio_se(a, b)
     assert r == pytest.approx(a.mean() / b.mean())
     idx = rng.integers(0, 400, (4000, 400))
     boot = a[idx].mean(1) / b[idx].mean(1)
     assert se == pytest.approx(boot.std(), rel=0.1)
     naive = r * np.hypot(a.std() / a.mean(), b.std() / b.mean()) / np.sqrt(400)
     assert naive > 3 * se  # the check above would fail without the covariance
-    d, dse = heads.ratio_diff_se(a, b, a, b)
+    d, dse = ratio_diff_se(a, b, a, b)
     assert d == 0 and dse == 0
-    assert np.isnan(heads.ratio_se(a, np.zeros(400))[0])
+    assert np.isnan(ratio_se(a, np.zeros(400))[0])
 
 
 def test_verdict_and_consistency(planted_result: heads.Heads) -> None:

@@ -63,7 +63,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from matplotlib.figure import Figure
-from scipy.stats import rankdata
 
 from poslens import distributed
 from poslens._config import positive_float
@@ -85,6 +84,7 @@ from poslens.experiments.readout import (
 from poslens.interventions import ablate, axis_map
 from poslens.interventions.rotary import num_planes
 from poslens.metrics import PairedDiff, paired_diff
+from poslens.metrics.stats import correlation, ratio_diff_se, ratio_se, sem
 from poslens.models.posenc import grid_coords
 from poslens.models.vit import ViT
 from poslens.precision import autocast
@@ -391,53 +391,6 @@ def attention_stats(
     return acc.result(min_explained)
 
 
-# ------------------------------------------------------------------------------- statistics
-
-
-def ratio_influence(a: np.ndarray, b: np.ndarray) -> tuple[float, np.ndarray]:
-    """r = mean(a) / mean(b) and its per-image influence psi (delta method; NaN if mean(b) = 0)."""
-    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    mb = b.mean()
-    if mb == 0:
-        return math.nan, np.full(len(a), math.nan)
-    r = a.mean() / mb
-    return float(r), (a - r * b) / mb
-
-
-def ratio_se(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
-    """mean(a) / mean(b) with its delta-method SE, a and b paired per image."""
-    r, psi = ratio_influence(a, b)
-    return r, _se(psi)
-
-
-def ratio_diff_se(
-    a1: np.ndarray, b1: np.ndarray, a2: np.ndarray, b2: np.ndarray
-) -> tuple[float, float]:
-    """mean(a1)/mean(b1) - mean(a2)/mean(b2) with its delta-method SE (all paired per image)."""
-    r1, p1 = ratio_influence(a1, b1)
-    r2, p2 = ratio_influence(a2, b2)
-    return r1 - r2, _se(p1 - p2)
-
-
-def _se(psi: np.ndarray) -> float:
-    n = len(psi)
-    return float(np.std(psi, ddof=1) / math.sqrt(n)) if n > 1 else math.nan
-
-
-def correlation(x: Sequence[float], y: Sequence[float]) -> dict[str, float]:
-    """Pearson and Spearman correlation (NaN with fewer than 3 finite pairs or no spread)."""
-    xa, ya = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
-    ok = np.isfinite(xa) & np.isfinite(ya)
-    xa, ya = xa[ok], ya[ok]
-    out = {"pearson": math.nan, "spearman": math.nan, "n": int(ok.sum())}
-    if len(xa) >= 3 and xa.std() > 0 and ya.std() > 0:
-        out["pearson"] = float(np.corrcoef(xa, ya)[0, 1])
-        rx, ry = rankdata(xa), rankdata(ya)
-        if rx.std() > 0 and ry.std() > 0:
-            out["spearman"] = float(np.corrcoef(rx, ry)[0, 1])
-    return out
-
-
 # ---------------------------------------------------------------------------------- results
 
 
@@ -699,13 +652,12 @@ class Heads:
                 for c in cum
                 if c.meta["k"] == k and c.meta["selection"] == "random"
             ]
-            se = float(np.std(rand, ddof=1) / math.sqrt(len(rand))) if len(rand) > 1 else math.nan
             out.append(
                 {
                     "k": k,
                     "top": top[0] if top else math.nan,
                     "random": float(np.mean(rand)) if rand else math.nan,
-                    "random_se": se,
+                    "random_se": sem(rand),
                     "draws": len(rand),
                 }
             )
