@@ -20,6 +20,7 @@ from poslens.experiments.output import save
 from poslens.interventions import axis_map, rotary_mask
 from poslens.io import save_tensors, write_json
 from poslens.metrics import correct_class_margin
+from poslens.metrics.attention import AttentionAccumulator, attention_stats, specialization
 from poslens.metrics.stats import ratio_diff_se, ratio_se
 from poslens.models import ViT
 from tests.conftest import tiny
@@ -118,7 +119,7 @@ def planted_result(noise: Task) -> heads.Heads:
 def test_planted_heads_get_their_axis_score(layout: str, noise: Task) -> None:
     m = planted(layout)
     x, _ = noise.split("test")
-    st = heads.attention_stats(m, x[:64])
+    st = attention_stats(m, x[:64])
     spec = st.specialization
     assert spec[0, 0] > 0.95 and spec[1, 0] > 0.95  # row-only heads
     assert spec[0, 1] < -0.95 and spec[1, 1] < -0.95  # column-only heads
@@ -150,7 +151,7 @@ def test_explained_shares_are_exact_on_synthetic_logits() -> None:
     scores = torch.stack([f, gcol])[None] + offsets  # head 0: rows, head 1: columns
     mixed = (f + gcol)[None, None] + offsets[:, :1]
     for logits, expect in ((scores, [(1, 0), (0, 1)]), (mixed, [(None, None)])):
-        acc = heads.AttentionAccumulator(1, logits.shape[1], gh, gw, 0, "cpu")
+        acc = AttentionAccumulator(1, logits.shape[1], gh, gw, 0, "cpu")
         acc._scores_hook(0)(logits, "")
         acc._pattern_hook(0)(logits.softmax(-1), "")
         acc.n_images = 3
@@ -162,8 +163,8 @@ def test_explained_shares_are_exact_on_synthetic_logits() -> None:
             else:
                 assert st.eta2_row[0, h] == pytest.approx(er, abs=1e-9)
                 assert st.eta2_col[0, h] == pytest.approx(ec, abs=1e-9)
-    assert heads.specialization(np.array([0.01]), np.array([0.0]), 0.05)[0] == pytest.approx(0.2)
-    assert heads.specialization(np.array([0.3]), np.array([0.1]), 0.05)[0] == pytest.approx(0.5)
+    assert specialization(np.array([0.01]), np.array([0.0]), 0.05)[0] == pytest.approx(0.2)
+    assert specialization(np.array([0.3]), np.array([0.1]), 0.05)[0] == pytest.approx(0.5)
 
 
 # --------------------------------------------------------------------- carrying in the planted

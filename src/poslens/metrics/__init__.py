@@ -1,6 +1,7 @@
-"""Metrics: SSDC (streaming), retention, standard errors of means,
+"""Metrics: SSDC and attention statistics (streaming), retention, standard errors of means,
 paired differences and ratios, correlation, effective rank."""
 
+from poslens.metrics.attention import AttentionStats, attention_stats
 from poslens.metrics.ssdc import SSDC, manhattan_distance, ssdc_from_similarity
 from poslens.metrics.stats import (
     PairedDiff,
@@ -16,7 +17,9 @@ from poslens.metrics.stats import (
 
 __all__ = [
     "SSDC",
+    "AttentionStats",
     "PairedDiff",
+    "attention_stats",
     "correct_class_margin",
     "correlation",
     "effective_rank",
