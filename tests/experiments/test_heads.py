@@ -16,6 +16,8 @@ from poslens.cli import main
 from poslens.data import DataConfig, Task, build_task
 from poslens.errors import ConfigError
 from poslens.experiments import EXPERIMENTS, get, heads
+from poslens.experiments.heads.config import window_last
+from poslens.experiments.heads.units import heads_off
 from poslens.experiments.output import save
 from poslens.interventions import axis_map, rotary_mask
 from poslens.io import save_tensors, write_json
@@ -195,7 +197,7 @@ def test_masking_the_planted_row_head_removes_row_information(
     x, _ = NoiseTask().split("test")
     with torch.no_grad():
         _, before = m.run_with_cache(x[:8], ["blocks.1.hook_resid_pre"])
-        with heads.heads_off(m, [(1, 0), (1, 1)])(m):
+        with heads_off(m, [(1, 0), (1, 1)])(m):
             logits, after = m.run_with_cache(x[:8], ["blocks.1.hook_resid_pre"])
     torch.testing.assert_close(after["blocks.1.hook_resid_pre"], before["blocks.1.hook_resid_pre"])
     assert not torch.allclose(logits, m(x[:8]))  # but it does change the output
@@ -337,8 +339,8 @@ def test_config_errors_name_the_field(kwargs: dict, field: str) -> None:
 def test_window_beyond_the_model_names_the_field(noise: Task) -> None:
     with pytest.raises(ConfigError, match=r"analysis\.window_k=1 leaves no later block"):
         heads.run(tiny("rope_axial"), noise, heads.Config(**FAST, window_k=1))
-    assert heads.window_last(tiny("rope_axial", depth=6), heads.Config()) == 2
-    assert heads.window_last(tiny("ape"), heads.Config()) is None
+    assert window_last(tiny("rope_axial", depth=6), heads.Config()) == 2
+    assert window_last(tiny("ape"), heads.Config()) is None
     assert heads.applies(tiny("none")) is not None and heads.applies(tiny("ape")) is None
 
 
@@ -347,7 +349,7 @@ def test_ape_uses_head_output_ablation(noise: Task) -> None:
     x, _ = noise.split("test")
     with torch.no_grad():
         _, cache = m.run_with_cache(x[:4], ["blocks.0.attn.hook_z", "blocks.1.attn.hook_z"])
-        with heads.heads_off(m, [(0, 1), (1, 2), (1, 3)])(m):
+        with heads_off(m, [(0, 1), (1, 2), (1, 3)])(m):
             _, off = m.run_with_cache(x[:4], ["blocks.0.attn.hook_z", "blocks.1.attn.hook_z"])
     z0, z1 = off["blocks.0.attn.hook_z"], off["blocks.1.attn.hook_z"]  # [B, H, T, dh]
     assert (z0[:, 1] == 0).all() and (z1[:, 2:] == 0).all()
