@@ -16,10 +16,14 @@ from poslens.cli import main
 from poslens.data import DataConfig, Task, build_task
 from poslens.errors import ConfigError
 from poslens.experiments import EXPERIMENTS, get, heads
+from poslens.experiments.heads.config import window_last
+from poslens.experiments.heads.units import heads_off
 from poslens.experiments.output import save
 from poslens.interventions import axis_map, rotary_mask
 from poslens.io import save_tensors, write_json
 from poslens.metrics import correct_class_margin
+from poslens.metrics.attention import AttentionAccumulator, attention_stats, specialization
+from poslens.metrics.stats import ratio_diff_se, ratio_se
 from poslens.models import ViT
 from tests.conftest import tiny
 
@@ -117,7 +121,7 @@ def planted_result(noise: Task) -> heads.Heads:
 def test_planted_heads_get_their_axis_score(layout: str, noise: Task) -> None:
     m = planted(layout)
     x, _ = noise.split("test")
-    st = heads.attention_stats(m, x[:64])
+    st = attention_stats(m, x[:64])
     spec = st.specialization
     assert spec[0, 0] > 0.95 and spec[1, 0] > 0.95  # row-only heads
     assert spec[0, 1] < -0.95 and spec[1, 1] < -0.95  # column-only heads
@@ -149,7 +153,7 @@ def test_explained_shares_are_exact_on_synthetic_logits() -> None:
     scores = torch.stack([f, gcol])[None] + offsets  # head 0: rows, head 1: columns
     mixed = (f + gcol)[None, None] + offsets[:, :1]
     for logits, expect in ((scores, [(1, 0), (0, 1)]), (mixed, [(None, None)])):
-        acc = heads.AttentionAccumulator(1, logits.shape[1], gh, gw, 0, "cpu")
+        acc = AttentionAccumulator(1, logits.shape[1], gh, gw, 0, "cpu")
         acc._scores_hook(0)(logits, "")
         acc._pattern_hook(0)(logits.softmax(-1), "")
         acc.n_images = 3
@@ -161,8 +165,8 @@ def test_explained_shares_are_exact_on_synthetic_logits() -> None:
             else:
                 assert st.eta2_row[0, h] == pytest.approx(er, abs=1e-9)
                 assert st.eta2_col[0, h] == pytest.approx(ec, abs=1e-9)
-    assert heads.specialization(np.array([0.01]), np.array([0.0]), 0.05)[0] == pytest.approx(0.2)
-    assert heads.specialization(np.array([0.3]), np.array([0.1]), 0.05)[0] == pytest.approx(0.5)
+    assert specialization(np.array([0.01]), np.array([0.0]), 0.05)[0] == pytest.approx(0.2)
+    assert specialization(np.array([0.3]), np.array([0.1]), 0.05)[0] == pytest.approx(0.5)
 
 
 # --------------------------------------------------------------------- carrying in the planted
@@ -193,7 +197,7 @@ def test_masking_the_planted_row_head_removes_row_information(
     x, _ = NoiseTask().split("test")
     with torch.no_grad():
         _, before = m.run_with_cache(x[:8], ["blocks.1.hook_resid_pre"])
-        with heads.heads_off(m, [(1, 0), (1, 1)])(m):
+        with heads_off(m, [(1, 0), (1, 1)])(m):
             logits, after = m.run_with_cache(x[:8], ["blocks.1.hook_resid_pre"])
     torch.testing.assert_close(after["blocks.1.hook_resid_pre"], before["blocks.1.hook_resid_pre"])
     assert not torch.allclose(logits, m(x[:8]))  # but it does change the output
@@ -279,16 +283,16 @@ def test_ratio_delta_method_matches_a_paired_bootstrap() -> None:
     common = rng.normal(1.0, 1.0, 400)
     a = 2 * common + rng.normal(0, 0.2, 400)
     b = common + rng.normal(0, 0.2, 400) + 0.5
-    r, se = heads.ratio_se(a, b)
+    r, se = ratio_se(a, b)
     assert r == pytest.approx(a.mean() / b.mean())
     idx = rng.integers(0, 400, (4000, 400))
     boot = a[idx].mean(1) / b[idx].mean(1)
     assert se == pytest.approx(boot.std(), rel=0.1)
     naive = r * np.hypot(a.std() / a.mean(), b.std() / b.mean()) / np.sqrt(400)
     assert naive > 3 * se  # the check above would fail without the covariance
-    d, dse = heads.ratio_diff_se(a, b, a, b)
+    d, dse = ratio_diff_se(a, b, a, b)
     assert d == 0 and dse == 0
-    assert np.isnan(heads.ratio_se(a, np.zeros(400))[0])
+    assert np.isnan(ratio_se(a, np.zeros(400))[0])
 
 
 def test_verdict_and_consistency(planted_result: heads.Heads) -> None:
@@ -335,8 +339,8 @@ def test_config_errors_name_the_field(kwargs: dict, field: str) -> None:
 def test_window_beyond_the_model_names_the_field(noise: Task) -> None:
     with pytest.raises(ConfigError, match=r"analysis\.window_k=1 leaves no later block"):
         heads.run(tiny("rope_axial"), noise, heads.Config(**FAST, window_k=1))
-    assert heads.window_last(tiny("rope_axial", depth=6), heads.Config()) == 2
-    assert heads.window_last(tiny("ape"), heads.Config()) is None
+    assert window_last(tiny("rope_axial", depth=6), heads.Config()) == 2
+    assert window_last(tiny("ape"), heads.Config()) is None
     assert heads.applies(tiny("none")) is not None and heads.applies(tiny("ape")) is None
 
 
@@ -345,7 +349,7 @@ def test_ape_uses_head_output_ablation(noise: Task) -> None:
     x, _ = noise.split("test")
     with torch.no_grad():
         _, cache = m.run_with_cache(x[:4], ["blocks.0.attn.hook_z", "blocks.1.attn.hook_z"])
-        with heads.heads_off(m, [(0, 1), (1, 2), (1, 3)])(m):
+        with heads_off(m, [(0, 1), (1, 2), (1, 3)])(m):
             _, off = m.run_with_cache(x[:4], ["blocks.0.attn.hook_z", "blocks.1.attn.hook_z"])
     z0, z1 = off["blocks.0.attn.hook_z"], off["blocks.1.attn.hook_z"]  # [B, H, T, dh]
     assert (z0[:, 1] == 0).all() and (z1[:, 2:] == 0).all()

@@ -1,12 +1,15 @@
-"""Small statistics shared by every experiment: retention, paired differences, effective rank."""
+"""Small statistics shared by every experiment: retention, standard errors (of a mean, a paired
+difference, a ratio of means by the delta method), correlation, effective rank."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+from scipy.stats import rankdata
 
 
 def retention(condition: float, baseline: float, floor: float) -> float:
@@ -38,9 +41,55 @@ def paired_diff(condition: np.ndarray, baseline: np.ndarray) -> PairedDiff:
             f"paired values must be 1-D and the same length, got {a.shape} and {b.shape}"
         )
     d = a - b
-    n = len(d)
-    se = float(d.std(ddof=1) / math.sqrt(n)) if n > 1 else math.nan
-    return PairedDiff(float(d.mean()), se, n)
+    return PairedDiff(float(d.mean()), sem(d), len(d))
+
+
+def sem(values: Sequence[float] | np.ndarray) -> float:
+    """Standard error of the mean, sd (ddof=1) / sqrt(n); NaN for fewer than 2 values."""
+    v = np.asarray(values, dtype=np.float64)
+    n = len(v)
+    return float(np.std(v, ddof=1) / math.sqrt(n)) if n > 1 else math.nan
+
+
+def ratio_influence(a: np.ndarray, b: np.ndarray) -> tuple[float, np.ndarray]:
+    """r = mean(a) / mean(b) and its per-item influence psi_i = (a_i - r b_i) / mean(b) (delta
+    method: the SE of r is sem(psi), covariance of a and b included); NaN if mean(b) = 0."""
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    mb = b.mean()
+    if mb == 0:
+        return math.nan, np.full(len(a), math.nan)
+    r = a.mean() / mb
+    return float(r), (a - r * b) / mb
+
+
+def ratio_se(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
+    """mean(a) / mean(b) with its delta-method SE, a and b paired per item."""
+    r, psi = ratio_influence(a, b)
+    return r, sem(psi)
+
+
+def ratio_diff_se(
+    a1: np.ndarray, b1: np.ndarray, a2: np.ndarray, b2: np.ndarray
+) -> tuple[float, float]:
+    """mean(a1)/mean(b1) - mean(a2)/mean(b2) with its delta-method SE (all paired per item)."""
+    r1, p1 = ratio_influence(a1, b1)
+    r2, p2 = ratio_influence(a2, b2)
+    return r1 - r2, sem(p1 - p2)
+
+
+def correlation(x: Sequence[float], y: Sequence[float]) -> dict[str, float]:
+    """Pearson and Spearman correlation over the finite pairs, with their count "n" (NaN with
+    fewer than 3 finite pairs or no spread)."""
+    xa, ya = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    ok = np.isfinite(xa) & np.isfinite(ya)
+    xa, ya = xa[ok], ya[ok]
+    out = {"pearson": math.nan, "spearman": math.nan, "n": int(ok.sum())}
+    if len(xa) >= 3 and xa.std() > 0 and ya.std() > 0:
+        out["pearson"] = float(np.corrcoef(xa, ya)[0, 1])
+        rx, ry = rankdata(xa), rankdata(ya)
+        if rx.std() > 0 and ry.std() > 0:
+            out["spearman"] = float(np.corrcoef(rx, ry)[0, 1])
+    return out
 
 
 def correct_class_margin(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

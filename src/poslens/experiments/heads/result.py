@@ -1,0 +1,372 @@
+"""What the heads experiment returns: per-window controls, per-unit rebuilding rows, the result
+with its verdict and consistency checks, and the headline the study reads from its JSON."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from poslens.experiments.heads import plots
+from poslens.experiments.heads.config import HELD_OUT_SEED, ONE_SIDED_2SE, SPECIALIZED, UNITS, Z
+from poslens.experiments.heads.units import Unit
+from poslens.experiments.output import Header, Headline
+from poslens.experiments.readout import ConditionResult
+from poslens.metrics import PairedDiff, paired_diff
+from poslens.metrics.attention import AttentionStats
+from poslens.metrics.stats import correlation, sem
+
+
+@dataclass(frozen=True)
+class WindowControl:
+    """One withheld window, its readout and the redundancy control of the later blocks."""
+
+    window: str  # all | row | col
+    withheld: list[int]  # blocks 0..k
+    later: list[int]  # blocks k+1..end
+    accuracy: float  # window alone
+    margin: float
+    d_accuracy: PairedDiff  # window - intact
+    d_margin: PairedDiff
+    ssdc_out: float  # RPI-SSDC at the output, window alone
+    probe_out: np.ndarray | None  # [3] exact, row, col at the output, window alone
+    later_after_window: PairedDiff  # C_window = margin(window) - margin(window + later off)
+    later_intact: PairedDiff  # C_intact = margin(intact) - margin(later off)
+    compensation: PairedDiff  # C_window - C_intact
+    ratio: float  # mean C_window / mean C_intact
+    ratio_se: float
+
+    def row(self) -> dict[str, Any]:
+        """One CSV row."""
+        out: dict[str, Any] = {"window": self.window}
+        out |= {"withheld": f"0-{self.withheld[-1]}", "later": _span(self.later)}
+        out |= {"accuracy": self.accuracy, "margin": self.margin}
+        out |= _pd("d_accuracy", self.d_accuracy) | _pd("d_margin", self.d_margin)
+        out |= {"ssdc_out": self.ssdc_out} | _probes("probe_out", self.probe_out)
+        out |= _pd("later_after_window", self.later_after_window)
+        out |= _pd("later_intact", self.later_intact) | _pd("compensation", self.compensation)
+        return out | {"ratio": self.ratio, "ratio_se": self.ratio_se}
+
+
+@dataclass(frozen=True)
+class Rebuild:
+    """One unit masked in the later blocks, after one window and in the intact model."""
+
+    unit: str
+    kind: str
+    block: int | None
+    head: int
+    window: str
+    drop_window: PairedDiff  # margin: window - (window + unit)
+    drop_intact: PairedDiff  # margin: intact - unit
+    excess: PairedDiff  # drop_window - drop_intact: the rebuilding score
+    ratio: float  # mean drop_window / mean drop_intact
+    ratio_se: float
+    ratio_minus_blocks: float  # ratio - the later blocks' ratio (C_window / C_intact)
+    ratio_minus_blocks_se: float
+    d_accuracy_window: PairedDiff  # accuracy: (window + unit) - window
+    d_accuracy_intact: PairedDiff  # accuracy: unit - intact
+    ssdc_out: float  # RPI-SSDC at the output, window + unit
+    ssdc_out_intact: float  # unit alone
+    probe_out: np.ndarray | None  # [3] at the output, window + unit
+    probe_out_intact: np.ndarray | None
+
+    def row(self) -> dict[str, Any]:
+        """One CSV row."""
+        out: dict[str, Any] = {"unit": self.unit, "kind": self.kind, "block": self.block}
+        out |= {"head": self.head, "window": self.window}
+        out |= _pd("drop_window", self.drop_window) | _pd("drop_intact", self.drop_intact)
+        out |= _pd("excess", self.excess) | {"ratio": self.ratio, "ratio_se": self.ratio_se}
+        out |= {"ratio_minus_blocks": self.ratio_minus_blocks}
+        out |= {"ratio_minus_blocks_se": self.ratio_minus_blocks_se}
+        out |= _pd("d_accuracy_window", self.d_accuracy_window)
+        out |= _pd("d_accuracy_intact", self.d_accuracy_intact)
+        out |= {"ssdc_out": self.ssdc_out, "ssdc_out_intact": self.ssdc_out_intact}
+        return out | _probes("probe_out", self.probe_out)
+
+
+def _pd(name: str, d: PairedDiff) -> dict[str, float]:
+    return {name: d.mean, f"{name}_se": d.se}
+
+
+def _probes(prefix: str, p: np.ndarray | None) -> dict[str, float]:
+    if p is None:
+        return {}
+    return {f"{prefix}_{t}": float(v) for t, v in zip(("exact", "row", "col"), p, strict=True)}
+
+
+def _span(blocks: Sequence[int]) -> str:
+    return f"{blocks[0]}-{blocks[-1]}" if blocks else ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Heads(Header):
+    """Carrying, cumulative top-k, rebuilding and attention statistics of every head."""
+
+    name: ClassVar[str] = "heads"
+    intervention: str  # "rotary" (masking) or "ablation" (zeroed head output)
+    baseline: dict[str, Any]
+    floor: dict[str, Any]
+    attention: AttentionStats  # [depth, H] statistics of the intact model
+    carrying: list[ConditionResult]  # meta: kind, unit, block, head, damage, rank
+    cumulative: list[ConditionResult]  # meta: kind, k, selection, draw, units, damage
+    window_k: int | None
+    windows: list[WindowControl]
+    rebuilding: list[Rebuild]
+    notes: list[str]
+    # Per-image correct-class margins of the rebuilding readouts (keys "intact", "later",
+    # "window:W", "window:W+later", "unit:U", "window:W+U"); used by verdict(), not saved.
+    margins: dict[str, np.ndarray] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def depth(self) -> int:
+        return int(self.attention.specialization.shape[0])
+
+    @property
+    def n_heads(self) -> int:
+        return int(self.attention.specialization.shape[1])
+
+    # ------------------------------------------------------------------ views
+    def rebuild(self, window: str = "all", kind: str | None = None) -> list[Rebuild]:
+        """The rebuilding rows of one window (and unit kind)."""
+        return [
+            r for r in self.rebuilding if r.window == window and (kind is None or r.kind == kind)
+        ]
+
+    def window(self, window: str) -> WindowControl | None:
+        return next((w for w in self.windows if w.window == window), None)
+
+    def unit_specialization(
+        self, unit: Unit | Rebuild | ConditionResult, blocks: Sequence[int]
+    ) -> float:
+        """|spec| of a block_head unit, or the mean |spec| of a head index over `blocks`."""
+        block, head = _block_head(unit)
+        spec = np.abs(self.attention.specialization)
+        return float(spec[block, head] if block is not None else spec[list(blocks), head].mean())
+
+    def unit_signed_specialization(
+        self, block: int | None, head: int, blocks: Sequence[int]
+    ) -> float:
+        """spec of one block's head, or its mean over `blocks` for a head index."""
+        spec = self.attention.specialization
+        return float(spec[block, head] if block is not None else spec[list(blocks), head].mean())
+
+    def consistency(self) -> dict[str, Any]:
+        """Correlations across units: rebuilding excess (all-plane window) and carrying damage
+        with |spec|; axis preference (excess after row window - after column window) with spec."""
+        out: dict[str, Any] = {}
+        later = list(range((self.window_k or 0) + 1, self.depth))
+        for kind in UNITS:
+            rows = self.rebuild("all", kind)
+            if rows:
+                out[f"rebuild_vs_abs_spec/{kind}"] = correlation(
+                    [r.excess.mean for r in rows],
+                    [self.unit_specialization(r, later) for r in rows],
+                )
+            carried = [c for c in self.carrying if c.meta["kind"] == kind]
+            if carried:
+                out[f"carrying_vs_abs_spec/{kind}"] = correlation(
+                    [c.meta["damage"] for c in carried],
+                    [self.unit_specialization(c, range(self.depth)) for c in carried],
+                )
+            row_rb, col_rb = self.rebuild("row", kind), self.rebuild("col", kind)
+            if row_rb and col_rb:
+                pref = [r.excess.mean - c.excess.mean for r, c in zip(row_rb, col_rb, strict=True)]
+                spec = [self.unit_signed_specialization(r.block, r.head, later) for r in row_rb]
+                out[f"axis_preference_vs_spec/{kind}"] = correlation(pref, spec)
+        return out
+
+    def axis_preference(self, kind: str) -> list[dict[str, Any]]:
+        """Per unit: excess after the row window - excess after the column window, paired SE."""
+        out = []
+        m = self.margins
+        for r in self.rebuild("row", kind):
+            a = (m["window:row"] - m[f"window:row+{r.unit}"]) - (
+                m["window:col"] - m[f"window:col+{r.unit}"]
+            )
+            d = paired_diff(a, np.zeros_like(a))
+            out.append({"unit": r.unit, "row_minus_col": d.mean, "se": d.se})
+        return out
+
+    def verdict(self) -> dict[str, Any]:
+        """The numbers a claim rests on: specialized heads, the top carriers against random ones,
+        and whether any unit rebuilds (excess > 2 SE), with a held-out check of the top one."""
+        spec = self.attention.specialization
+        out: dict[str, Any] = {"intervention": self.intervention}
+        out["specialized_heads"] = int((np.abs(spec) >= SPECIALIZED).sum())
+        out["row_heads"] = int((spec >= SPECIALIZED).sum())
+        out["col_heads"] = int((spec <= -SPECIALIZED).sum())
+        out["heads_total"] = int(spec.size)
+        out["specialized_threshold"] = SPECIALIZED
+        out["max_abs_specialization"] = float(np.abs(spec).max())
+        for kind in UNITS:
+            carried = sorted(
+                (c for c in self.carrying if c.meta["kind"] == kind),
+                key=lambda c: c.meta["rank"],
+            )
+            if not carried:
+                continue
+            top = carried[0]
+            entry: dict[str, Any] = {"top_carrier": top.meta["unit"], "damage": top.meta["damage"]}
+            entry["top_k_vs_random"] = self.top_k_vs_random(kind)
+            out[f"carrying/{kind}"] = entry
+        if not self.rebuilding:
+            out["rebuilding"] = "not measured: " + "; ".join(self.notes)
+            return out
+        ctrl = self.window("all")
+        assert ctrl is not None
+        out["window"] = f"blocks 0-{self.window_k} withheld, later {_span(ctrl.later)}"
+        out["window_accuracy"] = ctrl.accuracy
+        out["window_d_margin"] = ctrl.d_margin.mean
+        out["block_control"] = {
+            "later_after_window": ctrl.later_after_window.mean,
+            "later_intact": ctrl.later_intact.mean,
+            "compensation": ctrl.compensation.mean,
+            "compensation_se": ctrl.compensation.se,
+            "ratio": ctrl.ratio,
+            "ratio_se": ctrl.ratio_se,
+        }
+        any_rebuilder = False
+        for kind in UNITS:
+            rows = self.rebuild("all", kind)
+            if not rows:
+                continue
+            rebuilders = [r.unit for r in rows if r.excess.mean > Z * r.excess.se]
+            # heads that matter *less* after the window: a generic "everything costs more once
+            # the model is perturbed" would leave none of these
+            cheaper = [r.unit for r in rows if r.excess.mean < -Z * r.excess.se]
+            beyond = [r.unit for r in rows if r.ratio_minus_blocks > Z * r.ratio_minus_blocks_se]
+            any_rebuilder |= bool(rebuilders)
+            top = max(rows, key=lambda r: r.excess.mean)
+            entry = {
+                "rebuilders": rebuilders,
+                "rebuilders_beyond_block_ratio": beyond,
+                "cheaper_after_window": cheaper,
+                "tests": len(rows),
+                "expected_false_positives": len(rows) * ONE_SIDED_2SE,
+                "top": top.unit,
+                "top_excess": top.excess.mean,
+                "top_excess_se": top.excess.se,
+                "top_ratio": top.ratio,
+                "top_ratio_se": top.ratio_se,
+                "top_drop_window": top.drop_window.mean,
+                "top_drop_intact": top.drop_intact.mean,
+                "top_d_accuracy_window": top.d_accuracy_window.mean,
+                "top_d_accuracy_intact": top.d_accuracy_intact.mean,
+                "held_out": self._held_out(rows),
+            }
+            out[f"rebuilding/{kind}"] = entry
+        out["any_rebuilder"] = any_rebuilder
+        for key, corr in self.consistency().items():
+            out[f"consistency/{key}"] = corr
+        return out
+
+    def top_k_vs_random(self, kind: str) -> list[dict[str, Any]]:
+        """Per k: damage of the top-k units masked together, and of k random units (mean and
+        SE over draws). The top k are ranked on the same images, which favours them a little."""
+        cum = [c for c in self.cumulative if c.meta["kind"] == kind]
+        out = []
+        for k in sorted({c.meta["k"] for c in cum}):
+            top = [
+                c.meta["damage"] for c in cum if c.meta["k"] == k and c.meta["selection"] == "top"
+            ]
+            rand = [
+                c.meta["damage"]
+                for c in cum
+                if c.meta["k"] == k and c.meta["selection"] == "random"
+            ]
+            out.append(
+                {
+                    "k": k,
+                    "top": top[0] if top else math.nan,
+                    "random": float(np.mean(rand)) if rand else math.nan,
+                    "random_se": sem(rand),
+                    "draws": len(rand),
+                }
+            )
+        return out
+
+    def _held_out(self, rows: list[Rebuild]) -> dict[str, Any]:
+        """The top unit chosen on a seeded half of the images, its excess on the other half."""
+        m = self.margins
+        n = len(m["intact"])
+        perm = np.random.default_rng(HELD_OUT_SEED).permutation(n)
+        pick, test = perm[: n // 2], perm[n // 2 :]
+
+        def excess(u: str, idx: np.ndarray) -> np.ndarray:
+            return (m["window:all"][idx] - m[f"window:all+{u}"][idx]) - (
+                m["intact"][idx] - m[f"unit:{u}"][idx]
+            )
+
+        best = max(rows, key=lambda r: excess(r.unit, pick).mean()).unit
+        e = excess(best, test)
+        d = paired_diff(e, np.zeros_like(e))
+        return {"unit": best, "excess": d.mean, "se": d.se, "n": d.n}
+
+    # ---------------------------------------------------------------- output
+    def to_dict(self) -> dict[str, Any]:
+        """Header's default (fields, probe site label, `derived()`), less the per-image margins:
+        verdict() reads them, the JSON records what it computes from them."""
+        d = super().to_dict()
+        del d["margins"]
+        return d
+
+    def derived(self) -> dict[str, Any]:
+        return {
+            "axis_preference": {
+                k: self.axis_preference(k) for k in UNITS if self.rebuild("row", k)
+            },
+            "consistency": self.consistency(),
+            "verdict": self.verdict(),
+            "constants": {"specialized": SPECIALIZED, "z": Z},
+        }
+
+    def tables(self) -> dict[str, list[dict[str, Any]]]:
+        carrying = []
+        for c in self.carrying:
+            row = c.row(self.sites, self.probe_site)
+            carrying.append(row | {"damage": c.meta["damage"], "rank": c.meta["rank"]})
+        cumulative = [
+            c.row(self.sites, self.probe_site) | {"damage": c.meta["damage"]}
+            for c in self.cumulative
+        ]
+        out = {"attention": self.attention.rows(), "carrying": carrying}
+        out["cumulative"] = cumulative
+        if self.rebuilding:
+            out["windows"] = [w.row() for w in self.windows]
+            out["rebuilding"] = [r.row() for r in self.rebuilding]
+        return out
+
+    def plot(self) -> Figure:
+        return plots.plot(self)
+
+
+def _block_head(unit: Unit | Rebuild | ConditionResult) -> tuple[int | None, int]:
+    if isinstance(unit, ConditionResult):
+        return unit.meta["block"], unit.meta["head"]
+    return unit.block, unit.head
+
+
+def headline(doc: dict[str, Any]) -> Headline:
+    """The verdict's numbers from the saved JSON, flattened ("rebuilding/head.held_out.excess");
+    lists of units become their count (".n")."""
+    return _flatten(doc["verdict"])
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> Headline:
+    out: Headline = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out |= _flatten(v, key + ".")
+        elif isinstance(v, bool):
+            out[key] = float(v)
+        elif isinstance(v, int | float):
+            out[key] = float(v)
+        elif isinstance(v, list):
+            out[key + ".n"] = float(len(v))
+    return out
