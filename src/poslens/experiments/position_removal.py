@@ -33,6 +33,7 @@ from poslens.experiments.readout import (
 from poslens.interventions import ape_permute, ape_zero, axis_map
 from poslens.interventions.rotary import AxisMap, num_planes
 from poslens.metrics.probes import TARGETS
+from poslens.metrics.stats import sem
 from poslens.models.vit import ViT
 from poslens.progress import track
 
@@ -184,12 +185,7 @@ def random_summary(conds: list[ConditionResult]) -> dict[str, dict[str, float]]:
                 values[f"probe_{t}"] = [float(c.probe[j]) for c in draws if c.probe is not None]
         out[f"random_{n}"] = {
             **{k: float(np.mean(v)) for k, v in values.items()},
-            **{
-                f"{k}_se": float(np.std(v, ddof=1) / np.sqrt(len(v)))
-                if len(v) > 1
-                else float("nan")
-                for k, v in values.items()
-            },
+            **{f"{k}_se": sem(v) for k, v in values.items()},
             "draws": len(draws),
         }
     return out

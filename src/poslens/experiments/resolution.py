@@ -38,6 +38,7 @@ from poslens.experiments.readout import (
     summarise,
 )
 from poslens.metrics.probes import TARGETS
+from poslens.metrics.stats import sem
 from poslens.models.vit import ViT
 from poslens.progress import track
 
@@ -113,7 +114,7 @@ class SizeResult:
 
 def _unpaired(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
     """mean(a) - mean(b) and its standard error for independent samples."""
-    se = math.sqrt(a.var(ddof=1) / len(a) + b.var(ddof=1) / len(b))
+    se = math.hypot(sem(a), sem(b))
     return float(a.mean() - b.mean()), se
 
 

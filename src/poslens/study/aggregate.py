@@ -7,13 +7,13 @@ rest on, read from its saved JSON, so a resumed study needs no Result objects
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from poslens.experiments.analyze import headline
+from poslens.metrics.stats import sem
 
 
 def mean_se(values: Sequence[float | None]) -> dict[str, Any]:
@@ -22,7 +22,7 @@ def mean_se(values: Sequence[float | None]) -> dict[str, Any]:
     n = len(xs)
     return {
         "mean": float(xs.mean()) if n else None,
-        "se": float(xs.std(ddof=1) / math.sqrt(n)) if n > 1 else None,
+        "se": sem(xs) if n > 1 else None,
         "n": n,
         "values": list(values),
     }
