@@ -312,7 +312,7 @@ def run(model: ViT, data: Task, cfg: Config | None = None, progress: bool = Fals
         else:
             assert ref is not None
             name, cond, meta = step
-            r = measure(model, x, y, cfg, cond, probe_sites=[ref.probe_site])
+            r = measure(model, x, y, cfg, cond, probe_sites=[ref.probe_site], fixed=ref.fixed)
             results.append(summarise(name, r, ref.base, ref.floor, ref.probe_site, meta))
     assert ref is not None
     return Components(

@@ -82,10 +82,11 @@ def condition_numbers(prefix: str, c: dict[str, Any]) -> Headline:
         f"{prefix}.d_margin_se": c["d_margin"]["se"],
         f"{prefix}.ssdc_rpi_out": c["ssdc_rpi"][-1],
     }
-    out |= probe_numbers(f"{prefix}.probe", c.get("probe"))
-    for key in ("accuracy", "ssdc_out", "probe_row", "probe_col"):
-        if key in c["retention"]:
-            out[f"{prefix}.retention_{key}"] = c["retention"][key]
+    for kind in ("probe", "probe_fixed", "probe_rpi", "probe_fixed_rpi"):
+        out |= probe_numbers(f"{prefix}.{kind}", c.get(kind))
+    for key, value in c["retention"].items():
+        if key in ("accuracy", "margin", "ssdc_out") or key.startswith("probe"):
+            out[f"{prefix}.retention_{key}"] = value
     return out
 
 

@@ -207,7 +207,7 @@ def run(
             continue
         assert ref is not None
         name, cond, meta = next(c for c in conds if c[0] == step)
-        r = measure(model, x, y, cfg, cond, probe_sites=[ref.probe_site])
+        r = measure(model, x, y, cfg, cond, probe_sites=[ref.probe_site], fixed=ref.fixed)
         results.append(summarise(name, r, ref.base, ref.floor, ref.probe_site, meta))
     assert ref is not None
     base = ref.base.summary()

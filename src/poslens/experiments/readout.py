@@ -30,7 +30,7 @@ from poslens.experiments.conditions import Condition, floor_condition, intact
 from poslens.experiments.config import ExperimentConfig
 from poslens.interventions import rpi
 from poslens.metrics import SSDC, PairedDiff, correct_class_margin, paired_diff, retention
-from poslens.metrics.probes import TARGETS, ProbeResult, fit_position_probes
+from poslens.metrics.probes import TARGETS, PositionProbes, ProbeResult, fit_probes
 from poslens.models.vit import ViT
 from poslens.precision import autocast
 
@@ -73,11 +73,31 @@ def eval_images(data: Task, cfg: ExperimentConfig) -> tuple[torch.Tensor, torch.
     return x[: cfg.n_images], y[: cfg.n_images]
 
 
+PROBE_KINDS = ("refit", "fixed", "refit_rpi", "fixed_rpi")
+# ConditionResult's field for each kind of probe readout
+PROBE_FIELDS = {
+    "refit": "probe", "fixed": "probe_fixed", "refit_rpi": "probe_rpi", "fixed_rpi": "probe_fixed_rpi"
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class FixedProbes:
+    """Probes fitted once on the intact model (clean and under RPI) at `sites`, applied unchanged
+    to every condition's activations of the same images: what the model's representation lost."""
+
+    sites: tuple[int, ...]
+    clean: PositionProbes
+    rpi: PositionProbes
+
+
 @dataclass(frozen=True)
 class Readout:
     """What one condition did to the model, measured on the evaluation images.
 
-    SSDC arrays are [sites]; `probes` covers `probe_sites` only (None when no probes were asked).
+    SSDC arrays are [sites]. Probes cover `probe_sites` only (None when no probes were asked), in
+    four kinds: refitted on this condition's activations, clean (`probes`) and under RPI
+    (`probes_rpi`): what position information is left; and the intact model's fixed probes read on
+    them (`fixed`, `fixed_rpi`, [probe_sites, 3]; None without fixed probes): what was lost.
     """
 
     correct: np.ndarray  # [N] bool (float NaN for a model without classifier head)
@@ -88,16 +108,41 @@ class Readout:
     ssdc_clean_norm: np.ndarray | None
     probes: ProbeResult | None
     probe_sites: tuple[int, ...]
+    probes_rpi: ProbeResult | None = None
+    fixed: np.ndarray | None = None
+    fixed_rpi: np.ndarray | None = None
+    # the refitted probes themselves, kept so that an intact readout can become the fixed probes
+    fitted: FixedProbes | None = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
     def accuracy(self) -> float:
         return float(self.correct.mean())
 
-    def probe_at(self, site: int) -> np.ndarray:
-        """Test accuracy [3] (exact, row, col) of the probes at this site."""
+    def probe_at(self, site: int, kind: str = "refit") -> np.ndarray:
+        """Test accuracy [3] (exact, row, col) of one kind of probe (PROBE_KINDS) at this site."""
         if self.probes is None or site not in self.probe_sites:
             raise ValueError(f"no probes were fitted at site {site}")
-        return self.probes.test_acc[self.probe_sites.index(site)]
+        table = {
+            "refit": self.probes.test_acc,
+            "refit_rpi": None if self.probes_rpi is None else self.probes_rpi.test_acc,
+            "fixed": self.fixed,
+            "fixed_rpi": self.fixed_rpi,
+        }[kind]
+        if table is None:
+            raise ValueError(f"no {kind} probes at site {site}")
+        return table[self.probe_sites.index(site)]
+
+    def has_probes(self, site: int, kind: str = "refit") -> bool:
+        try:
+            return bool(np.isfinite(self.probe_at(site, kind)).all())
+        except ValueError:
+            return False
+
+    def fixed_probes(self) -> FixedProbes:
+        """This (intact) readout's refitted probes as the fixed probes of other conditions."""
+        if self.fitted is None:
+            raise ValueError("this readout fitted no probes")
+        return self.fitted
 
     def summary(self) -> dict[str, Any]:
         """JSON-ready numbers (not the per-image arrays)."""
@@ -112,6 +157,11 @@ class Readout:
             out["ssdc_clean"], out["ssdc_clean_norm"] = self.ssdc_clean, self.ssdc_clean_norm
         if self.probes is not None:
             out["probes"] = {"sites": list(self.probe_sites), **self.probes.to_dict()}
+        if self.probes_rpi is not None:
+            out["probes_rpi"] = {"sites": list(self.probe_sites), **self.probes_rpi.to_dict()}
+        if self.fixed is not None:
+            out["probes_fixed"] = {"sites": list(self.probe_sites), "test_acc": self.fixed}
+            out["probes_fixed_rpi"] = {"sites": list(self.probe_sites), "test_acc": self.fixed_rpi}
         return out
 
 
@@ -148,9 +198,12 @@ def measure(
     probe_sites: Sequence[int] = (),
     clean_ssdc: bool = False,
     probe_control: bool = False,
+    fixed: FixedProbes | None = None,
 ) -> Readout:
     """Evaluate `model` under `condition`: pass 1 on the images as they are (accuracy, margins,
-    probe features, clean SSDC), pass 2 under RPI (SSDC of index-anchored structure).
+    probe features, clean SSDC), pass 2 under RPI (SSDC of index-anchored structure, probe
+    features under RPI). Probes are refitted at `probe_sites`, clean and under RPI; `fixed` probes
+    (the intact model's, `Reference.fixed`) are read wherever they cover a probe site.
 
     probe_control: fit the probes on shuffled labels instead (the chance-level control). On CUDA
     in one process, running out of memory retries with half the batch size (with a warning).
@@ -158,8 +211,9 @@ def measure(
     while True:
         try:
             return _measure(
-                model, images, labels, cfg, condition, probe_sites, clean_ssdc, probe_control
-            )
+                model, images, labels, cfg, condition, probe_sites, clean_ssdc, probe_control,
+                fixed,
+            )  # fmt: skip
         except RuntimeError as e:
             # Under torchrun the ranks would disagree on the batches: no retry there.
             if not _is_cuda_oom(e, model) or cfg.batch_size == 1 or distributed.world()[1] > 1:
@@ -184,6 +238,7 @@ def _measure(
     probe_sites: Sequence[int] = (),
     clean_ssdc: bool = False,
     probe_control: bool = False,
+    fixed: FixedProbes | None = None,
 ) -> Readout:
     """measure() at cfg.batch_size."""
     raw, norm = site_names(model)
@@ -193,6 +248,7 @@ def _measure(
     if cfg.probe_block >= 0:  # a fixed probe site must exist, also where an experiment probes all
         check_site(model, cfg.probe_block)
     feats: list[list[tuple[int, torch.Tensor]]] = [[] for _ in probe_sites]
+    feats_rpi: list[list[tuple[int, torch.Tensor]]] = [[] for _ in probe_sites]
     correct: list[tuple[int, torch.Tensor]] = []
     margin: list[tuple[int, torch.Tensor]] = []
     gh, gw = model.grid_of(images[:1])
@@ -221,21 +277,38 @@ def _measure(
                 for acc, name in zip(clean, raw + norm, strict=True):
                     acc.update(cache[name][: n_ssdc - start, p:])
         under_rpi = [SSDC(gh, gw) for _ in raw + norm]
+        n_probe = cfg.probe_images if probe_sites else 0
+        n_rpi = max(n_ssdc, n_probe)  # images the RPI pass reads: SSDC's and the probes'
         with rpi(model, seed=cfg.seed):
-            for start in (s for s in starts if s < n_ssdc):
-                stop = min(start + cfg.batch_size, n_ssdc)
+            for start in (s for s in starts if s < n_rpi):
+                stop = min(start + cfg.batch_size, n_rpi)
                 _, cache = model.run_with_cache(images[start:stop].to(dev), raw + norm)
-                for acc, name in zip(under_rpi, raw + norm, strict=True):
-                    acc.update(cache[name][:, p:])
+                if start < n_ssdc:
+                    for acc, name in zip(under_rpi, raw + norm, strict=True):
+                        acc.update(cache[name][: n_ssdc - start, p:])
+                if start < n_probe:
+                    for i, s in enumerate(probe_sites):
+                        feats_rpi[i].append(
+                            (start, cache[norm[s]][: n_probe - start, p:].float().cpu())
+                        )
     for acc in [*clean, *under_rpi]:
         acc.all_reduce()
     n_sites = len(raw)
     values = np.array([s.value() for s in under_rpi])
     clean_values = np.array([s.value() for s in clean]) if clean_ssdc else None
-    probes = None
+    probes = probes_rpi = fitted = fixed_acc = fixed_rpi = None
     if probe_sites:
         stacked = torch.stack([in_order(f) for f in feats])  # [sites, N, T, D]
-        probes = fit_position_probes(stacked, gh, gw, seed=cfg.seed, shuffle_labels=probe_control)
+        stacked_rpi = torch.stack([in_order(f) for f in feats_rpi])
+        fit = fit_probes(stacked, gh, gw, seed=cfg.seed, shuffle_labels=probe_control)
+        fit_rpi = fit_probes(stacked_rpi, gh, gw, seed=cfg.seed, shuffle_labels=probe_control)
+        probes, probes_rpi = fit.result, fit_rpi.result
+        fitted = FixedProbes(probe_sites, fit, fit_rpi)
+        if fixed is not None:
+            fixed_acc, fixed_rpi = (
+                _read_fixed(fixed, probes_of, probe_sites, feats_of)
+                for probes_of, feats_of in ((fixed.clean, stacked), (fixed.rpi, stacked_rpi))
+            )
     return Readout(
         correct=in_order(correct).numpy(),
         margin=in_order(margin).double().numpy(),
@@ -245,7 +318,23 @@ def _measure(
         ssdc_clean_norm=None if clean_values is None else clean_values[n_sites:],
         probes=probes,
         probe_sites=probe_sites,
+        probes_rpi=probes_rpi,
+        fixed=fixed_acc,
+        fixed_rpi=fixed_rpi,
+        fitted=fitted,
     )
+
+
+def _read_fixed(
+    fixed: FixedProbes, probes: PositionProbes, sites: tuple[int, ...], feats: torch.Tensor
+) -> np.ndarray:
+    """[sites, 3] test accuracy of the fixed probes at each probe site (NaN where they have none)."""
+    out = np.full((len(sites), 3), np.nan)
+    covered = [i for i, s in enumerate(sites) if s in fixed.sites]
+    if covered:
+        which = [fixed.sites.index(sites[i]) for i in covered]
+        out[covered] = probes.score(feats[covered], which)
+    return out
 
 
 def choose_probe_site(base: Readout) -> int:
@@ -272,8 +361,9 @@ class ConditionResult:
     """One condition against the intact baseline and the all-position-removed floor.
 
     d_accuracy / d_margin: condition - baseline, paired over the same images. probe: test
-    accuracy [3] (exact, row, col) at the probe site. retention: per metric,
-    (condition - floor) / (baseline - floor), NaN where baseline equals the floor.
+    accuracy [3] (exact, row, col) at the probe site of probes refitted on the condition;
+    probe_fixed: the intact model's probes read on it; *_rpi: the same under RPI. retention: per
+    metric, (condition - floor) / (baseline - floor), NaN where baseline equals the floor.
     """
 
     name: str
@@ -283,8 +373,11 @@ class ConditionResult:
     d_accuracy: PairedDiff
     d_margin: PairedDiff
     ssdc_rpi: np.ndarray  # [sites]
-    probe: np.ndarray | None  # [3] at the probe site
+    probe: np.ndarray | None  # [3] at the probe site, refitted
     retention: dict[str, float]
+    probe_fixed: np.ndarray | None = None  # [3] the intact model's probes
+    probe_rpi: np.ndarray | None = None  # [3] refitted under RPI
+    probe_fixed_rpi: np.ndarray | None = None  # [3] the intact model's RPI probes
 
     def row(self, sites: Sequence[str], probe_site: int) -> dict[str, Any]:
         """A flat CSV row."""
@@ -292,14 +385,19 @@ class ConditionResult:
         out |= {"accuracy": self.accuracy, "d_accuracy": self.d_accuracy.mean}
         out |= {"d_accuracy_se": self.d_accuracy.se, "margin": self.margin}
         out |= {"d_margin": self.d_margin.mean, "d_margin_se": self.d_margin.se}
-        if self.probe is not None:
+        for kind, acc in self.probes().items():
             out |= {
-                f"probe_{t}@{sites[probe_site]}": float(a)
-                for t, a in zip(TARGETS, self.probe, strict=True)
+                f"{kind}_{t}@{sites[probe_site]}": float(a)
+                for t, a in zip(TARGETS, acc, strict=True)
             }
         out |= {f"ssdc_rpi@{s}": float(v) for s, v in zip(sites, self.ssdc_rpi, strict=True)}
         out |= {f"retention_{k}": v for k, v in self.retention.items()}
         return out
+
+    def probes(self) -> dict[str, np.ndarray]:
+        """The probe readouts this condition has, by field name (probe, probe_fixed, ...)."""
+        fields = PROBE_FIELDS.values()
+        return {f: getattr(self, f) for f in fields if getattr(self, f) is not None}
 
 
 def summarise(
@@ -322,11 +420,18 @@ def summarise(
         ),
         "ssdc_out": retention(r.ssdc_rpi[-1], base.ssdc_rpi[-1], floor.ssdc_rpi[-1]),
     }
-    probe = None
-    if r.probes is not None and probe_site in r.probe_sites:
-        probe = r.probe_at(probe_site)
-        b, f = base.probe_at(probe_site), floor.probe_at(probe_site)
-        ret |= {f"probe_{t}": retention(probe[j], b[j], f[j]) for j, t in enumerate(TARGETS)}
+    probes: dict[str, np.ndarray] = {}
+    for kind, field in PROBE_FIELDS.items():
+        if not (r.has_probes(probe_site, kind) and floor.has_probes(probe_site, kind)):
+            continue
+        acc, f = r.probe_at(probe_site, kind), floor.probe_at(probe_site, kind)
+        # the intact model read by the fixed probes is its own refit where it was not read so
+        b = base.probe_at(
+            probe_site,
+            kind if base.has_probes(probe_site, kind) else kind.replace("fixed", "refit"),
+        )
+        probes[field] = acc
+        ret |= {f"{field}_{t}": retention(acc[j], b[j], f[j]) for j, t in enumerate(TARGETS)}
     return ConditionResult(
         name=name,
         meta=meta or {},
@@ -335,18 +440,26 @@ def summarise(
         d_accuracy=diffs["accuracy"],
         d_margin=diffs["margin"],
         ssdc_rpi=r.ssdc_rpi,
-        probe=probe,
+        probe=probes.get("probe"),
         retention={k: float(v) for k, v in ret.items()},
+        probe_fixed=probes.get("probe_fixed"),
+        probe_rpi=probes.get("probe_rpi"),
+        probe_fixed_rpi=probes.get("probe_fixed_rpi"),
     )
 
 
 @dataclass(frozen=True)
 class Reference:
-    """The intact baseline (probes at every site), the floor, and the chosen probe site."""
+    """The intact baseline (probes at every site), the floor, the chosen probe site, and the
+    intact model's probes as the fixed probes every condition is read with."""
 
     base: Readout
     floor: Readout
     probe_site: int
+
+    @property
+    def fixed(self) -> FixedProbes:
+        return self.base.fixed_probes()
 
 
 def reference(
@@ -365,5 +478,7 @@ def reference(
     sites = sorted({*sites, *extra_sites})
     base = measure(model, images, labels, cfg, probe_sites=sites)
     site = cfg.probe_block if fixed else choose_probe_site(base)
-    floor = measure(model, images, labels, cfg, floor_condition(model), probe_sites=[site])
+    floor = measure(
+        model, images, labels, cfg, floor_condition(model), [site], fixed=base.fixed_probes()
+    )
     return Reference(base, floor, site)

@@ -253,7 +253,7 @@ def run(model: ViT, data: Task, cfg: Config | None = None, progress: bool = Fals
         name, kind, blocks, cond, draw = item
         curves = cfg.probe_curves and kind in CURVE_KINDS
         sites = all_sites if curves else [ref.probe_site]
-        r = measure(model, x, y, cfg, cond, probe_sites=sites)
+        r = measure(model, x, y, cfg, cond, probe_sites=sites, fixed=ref.fixed)
         meta = {"kind": kind, "first": blocks[0], "last": blocks[-1], "draw": draw}
         res = summarise(name, r, ref.base, ref.floor, ref.probe_site, meta)
         onset, half = recovery(r.ssdc_rpi, ref.base.ssdc_rpi, ref.floor.ssdc_rpi, blocks[-1])

@@ -7,10 +7,17 @@ Images are split 60/20/20; features are standardised and then whitened on the tr
 converge in about 20 iterations instead of hundreds. The L2 strength (on the whitened weights) is
 chosen on validation accuracy and test accuracy is reported beside the chance level.
 benchmarks/probes.py compares speed and accuracy with scikit-learn's LogisticRegression.
+
+Two uses (METHODS.md, "Calibration"): a *refitted* probe is fitted on the activations of the
+condition it reads (what position information is left); a *fixed* probe is fitted once on the
+intact model's activations and applied, standardisation, whitening and weights unchanged, to the
+same images' activations under a condition (what the model's own representation lost).
+`fit_probes` returns the fitted probes for both.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -64,6 +71,45 @@ def _whitener(x_LMD: torch.Tensor) -> torch.Tensor:
     return (vec / (eig.clamp_min(0) + WHITEN_EPS).sqrt()[:, None, :]).float()
 
 
+@dataclass(frozen=True)
+class PositionProbes:
+    """Probes fitted at L sites, kept whole so they can read other activations of the same images
+    (the fixed probe): per-site standardisation and whitening, and per site and target the
+    weights at the L2 strength chosen on validation."""
+
+    result: ProbeResult  # what the fit scored on its own features
+    mu_L11D: torch.Tensor
+    sd_L11D: torch.Tensor
+    white_LDD: torch.Tensor
+    weights: tuple[torch.Tensor, ...]  # per target: [L, D + 1, C] (last row = bias)
+    test_idx: np.ndarray  # the test images (the seeded 60/20/20 split of N images)
+    n_images: int
+    grid: tuple[int, int]
+
+    def score(self, feats: torch.Tensor, sites: Sequence[int] | None = None) -> np.ndarray:
+        """Test accuracy [len(sites), 3] (exact, row, col) of the probes of `sites` (indices into
+        the L fitted sites; default all) on feats [len(sites), N_images, T, D] of the same images."""
+        idx = list(range(len(self.weights[0]))) if sites is None else list(sites)
+        L, n, T, D = feats.shape
+        if L != len(idx) or n != self.n_images or T != self.grid[0] * self.grid[1]:
+            raise ValueError(
+                f"features {tuple(feats.shape)} do not fit probes of {len(idx)} sites, "
+                f"{self.n_images} images and a {self.grid[0]}x{self.grid[1]} grid"
+            )
+        x = (feats[:, self.test_idx].float() - self.mu_L11D[idx]) / self.sd_L11D[idx]
+        xs = x.reshape(L, len(self.test_idx) * T, D) @ self.white_LDD[idx]
+        xs = torch.cat([xs, torch.ones(L, xs.shape[1], 1)], dim=-1)
+        labels = position_labels(*self.grid).repeat(len(self.test_idx), 1)
+        with torch.no_grad():
+            acc = [
+                (torch.einsum("lmd,ldc->lmc", xs, w[idx]).argmax(-1) == labels[:, t])
+                .double()
+                .mean(-1)
+                for t, w in enumerate(self.weights)
+            ]
+        return torch.stack(acc, dim=-1).numpy()
+
+
 def fit_position_probes(
     feats: torch.Tensor,
     gh: int,
@@ -78,6 +124,19 @@ def fit_position_probes(
     shuffle_labels: the control; labels are shuffled across training tokens, so a probe can only
     memorise and test accuracy should sit at chance.
     """
+    return fit_probes(feats, gh, gw, seed, l2, shuffle_labels, max_iter).result
+
+
+def fit_probes(
+    feats: torch.Tensor,
+    gh: int,
+    gw: int,
+    seed: int = 0,
+    l2: tuple[float, ...] = DEFAULT_L2,
+    shuffle_labels: bool = False,
+    max_iter: int = 25,
+) -> PositionProbes:
+    """fit_position_probes, keeping the fitted probes (PositionProbes) to read other activations."""
     L, n, T, D = feats.shape
     if T != gh * gw:
         raise ValueError(f"{T} tokens do not fit a {gh}x{gw} grid")
@@ -136,10 +195,12 @@ def fit_position_probes(
     val, test = accuracy(va), accuracy(te)
     best = val.argmax(dim=0)  # [L, 3]: chosen strength per block and target
     pick = lambda a: a.gather(0, best[None]).squeeze(0).numpy()  # noqa: E731
-    return ProbeResult(
+    result = ProbeResult(
         test_acc=pick(test),
         val_acc=pick(val),
         l2=lam.double()[best].numpy(),
         chance=(1 / sizes[0], 1 / sizes[1], 1 / sizes[2]),
         n_images=(len(tr), len(va), len(te)),
     )
+    chosen = tuple(w.detach()[best[:, t], torch.arange(L)] for t, w in enumerate(ws))  # [L, D+1, C]
+    return PositionProbes(result, mu, sd, white_LDD, chosen, te, n, (gh, gw))

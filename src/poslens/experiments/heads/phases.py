@@ -20,6 +20,7 @@ from poslens.experiments.heads.result import Heads, Rebuild, WindowControl
 from poslens.experiments.heads.units import Unit, head_mask, heads_off, units_of, window_mask
 from poslens.experiments.readout import (
     ConditionResult,
+    FixedProbes,
     Readout,
     Reference,
     eval_images,
@@ -131,7 +132,7 @@ def score_carrying(
     for unit in units:
         if unit.block is None or unit.block < ref.probe_site:
             cond = heads_off(model, unit.pairs(range(model.cfg.depth)))
-            r = measure(model, x, y, cfg, cond, probe_sites=[ref.probe_site])
+            r = measure(model, x, y, cfg, cond, [ref.probe_site], fixed=ref.fixed)
             meta = {"kind": unit.kind, "unit": unit.name, "block": unit.block, "head": unit.head}
             c = summarise(f"carry:{unit.name}", r, at_site, ref.floor, ref.probe_site, meta)
             carrying.append(replace(c, meta=c.meta | {"damage": carrying_damage(c)}))
@@ -187,7 +188,9 @@ def score_cumulative(
                 for c in chosen
                 for p in Unit(c.meta["head"], c.meta["block"]).pairs(range(model.cfg.depth))
             ]
-            r = measure(model, x, y, cfg, heads_off(model, pairs), probe_sites=[ref.probe_site])
+            r = measure(
+                model, x, y, cfg, heads_off(model, pairs), [ref.probe_site], fixed=ref.fixed
+            )
             meta = {"kind": d.kind, "k": d.k, "selection": selection, "draw": d.draw}
             meta["units"] = [c.meta["unit"] for c in chosen]
             name = f"{selection}_{d.k}:{d.kind}" + ("" if d.draw is None else f"/{d.draw}")
@@ -204,12 +207,13 @@ def measure_rebuilding(
     cfg: Config,
     masks: dict[str, torch.Tensor],
     advance: Advance,
+    fixed: FixedProbes | None = None,
 ) -> dict[str, Readout]:
     """One readout per mask, probed at the output when cfg.rebuild_probes."""
     sites = [model.cfg.depth] if cfg.rebuild_probes else []
     out = {}
     for key, mask in masks.items():
-        out[key] = measure(model, x, y, cfg, planes_off(mask), probe_sites=sites)
+        out[key] = measure(model, x, y, cfg, planes_off(mask), probe_sites=sites, fixed=fixed)
         advance()
     return out
 
@@ -319,7 +323,7 @@ def run(model: ViT, data: Task, cfg: Config | None = None, progress: bool = Fals
         ref = reference(model, x, y, cfg, extra_sites=[depth])
         # Probes are fitted jointly over the sites of one readout, so accuracy at a site moves
         # slightly with the other sites fitted beside it: carrying compares like with like.
-        at_site = measure(model, x, y, cfg, probe_sites=[ref.probe_site])
+        at_site = measure(model, x, y, cfg, probe_sites=[ref.probe_site], fixed=ref.fixed)
         advance()
         attention = attention_stats(
             model, x, cfg.batch_size, cfg.min_explained, precision=cfg.precision
@@ -327,7 +331,8 @@ def run(model: ViT, data: Task, cfg: Config | None = None, progress: bool = Fals
         advance()
         carrying = score_carrying(model, x, y, cfg, ref, at_site, carry_units, advance)
         cumulative = score_cumulative(model, x, y, cfg, ref, at_site, carrying, draws, advance)
-        readouts = measure_rebuilding(model, x, y, cfg, masks, advance) | {"intact": ref.base}
+        readouts = measure_rebuilding(model, x, y, cfg, masks, advance, ref.fixed)
+        readouts |= {"intact": ref.base}
 
     windows, rebuilding = score_rebuilding(readouts, plan, rebuild_units, out_site=depth)
     return Heads(
