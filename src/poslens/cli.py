@@ -239,7 +239,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         start = time.perf_counter()
         result = module.run(model, data, cfg, progress=main and not args.no_progress)
         # a failed write (a full disk) leaves none of this experiment's files behind
-        with removed_on_error():
+        with removed_on_error(out, (f"{name}.*", f"{name}_*.csv")):
             files = save(result, out, config=cfg)
         seconds = time.perf_counter() - start
         summary["experiments"][name] = {  # type: ignore[index]

@@ -9,7 +9,7 @@ import math
 import os
 import struct
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -71,15 +71,20 @@ def _output_error(path: Path, e: OSError) -> OutputError:
 
 
 @contextlib.contextmanager
-def removed_on_error() -> Iterator[list[Path]]:
+def removed_on_error(
+    folder: Path | None = None, patterns: Sequence[str] = ()
+) -> Iterator[list[Path]]:
     """Files written by atomic_write inside the block are deleted if the block raises, so a
-    failed write (e.g. a full disk) never leaves half an output set that a rerun would trust."""
+    failed write (e.g. a full disk) never leaves half an output set that a rerun would trust;
+    so are the files in `folder` matching `patterns` (the set's earlier version, which would
+    otherwise be left mixed with the new one)."""
     paths: list[Path] = []
     token = _WRITTEN.set((*_WRITTEN.get(), paths))
     try:
         yield paths
     except BaseException:
-        for p in paths:
+        stale = [p for pat in patterns for p in folder.glob(pat)] if folder is not None else []
+        for p in [*paths, *stale]:
             with contextlib.suppress(OSError):
                 p.unlink(missing_ok=True)
         raise

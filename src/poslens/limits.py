@@ -154,7 +154,8 @@ def check_training(cfg: RunConfig, device: str = "cpu") -> None:
         *model_parts(model, optimizer=True),
         (
             f"the activations of one batch (train.batch_size={batch:,} x {tokens(model):,.0f} "
-            f"tokens x model.dim={model.dim:,} x model.depth={model.depth:,} blocks)",
+            f"tokens at data.image_size={data.image_size:,} x model.dim={model.dim:,} x "
+            f"model.depth={model.depth:,} blocks)",
             activation_bytes(model, batch, train=True)
             + image_bytes(batch, data.channels, data.image_size),
         ),

@@ -24,7 +24,7 @@ from poslens.experiments.common import jsonable
 from poslens.io import atomic_write, removed_on_error, write_json
 from poslens.models.vit import ViT
 from poslens.sae.config import SAEConfig
-from poslens.sae.io import save_sae
+from poslens.sae.io import CFG, WEIGHTS, save_sae
 from poslens.sae.latents import PositionalLatents, find_positional_latents
 from poslens.sae.metrics import evaluate, spliced_quality
 from poslens.sae.model import TopKSAE
@@ -153,7 +153,7 @@ def train_on_checkpoint(
             report["processes"] = world
         report |= record or {}
         fig = latent_maps_figure(positional)
-        with removed_on_error():
+        with removed_on_error(out, (WEIGHTS, CFG, "positional_latents.png", "sae_report.json")):
             save_sae(sae, out, cfg, metadata={"posenc": model.cfg.posenc})
             atomic_write(
                 out / "positional_latents.png", lambda p: fig.savefig(p, format="png", dpi=120)
