@@ -124,6 +124,14 @@ def data_parts(data: DataConfig) -> list[Part]:
     ]
 
 
+def _task_parts(data: object) -> list[Part]:
+    """data_parts of a procedural task's DataConfig; nothing for anything else (image folders
+    are sized by their files, pretrained images by the folder given)."""
+    from poslens.data import DataConfig
+
+    return data_parts(data) if isinstance(data, DataConfig) and data.task != "folder" else []
+
+
 def model_parts(cfg: ModelConfig, optimizer: bool = False) -> list[Part]:
     """The weights (and, when training, gradients and two AdamW moments)."""
     copies = 4 if optimizer else 1
@@ -171,7 +179,7 @@ def check_analysis(
     probe_images: int,
     batch_size: int,
     device: str = "cpu",
-    data: DataConfig | None = None,
+    data: object = None,
 ) -> None:
     """Before an analysis: the evaluation images, one batch's activations with cached sites, and
     the probes' features (every site's patch tokens of the probe images)."""
@@ -192,8 +200,7 @@ def check_analysis(
             float(probe_images) * t * d * sites * FLOAT,
         ),
     ]
-    if data is not None and data.task != "folder":
-        parts += data_parts(data)
+    parts += _task_parts(data)
     check_fits(parts, "the analysis", device)
 
 
@@ -202,7 +209,7 @@ def check_sae(
     sae: SAEConfig,
     n_images: int,
     device: str = "cpu",
-    data: DataConfig | None = None,
+    data: object = None,
 ) -> None:
     """Before SAE training: the training images, their activations, the SAE with Adam state and
     its batch; and a step count that can finish (see poslens._config.MAX_STEPS)."""
@@ -226,8 +233,7 @@ def check_sae(
             (2 * d_sae * d_in + d_sae + d_in) * FLOAT * 4 + 3 * sae.batch * d_sae * FLOAT,
         ),
     ]
-    if data is not None and data.task != "folder":
-        parts += data_parts(data)
+    parts += _task_parts(data)
     check_fits(parts, "the SAE", device)
     if sae.steps is None:  # epochs x batches per epoch
         bounded_steps(
