@@ -14,7 +14,7 @@ from poslens.models.config import ModelConfig, config_mismatch
 from poslens.models.vit import ViT
 
 if TYPE_CHECKING:
-    from poslens.data import Task
+    from poslens.data import DataConfig, Task
 
 
 @dataclass(frozen=True)
@@ -146,7 +146,60 @@ def load_task(spec: str | Path) -> Task:
         cfg = from_dict(DataConfig, raw["data"], "data")
     except ConfigError as e:
         raise CheckpointError(f"{folder / 'config.json'}: {e}") from None
-    return build_task(cfg)
+    weights = folder / "model.safetensors"
+    saved = read_metadata(weights).get(DATA_CONFIG_KEY) if weights.is_file() else None
+    if saved is not None:  # the data the weights were trained on (absent before fingerprints)
+        why = _data_mismatch(cfg, saved)
+        if why is not None:
+            raise CheckpointError(f"{folder / 'config.json'} does not describe {weights}: {why}")
+    task = build_task(cfg)
+    model = raw.get("model") if isinstance(raw.get("model"), dict) else {}
+    for task_field, model_field in TASK_SHAPE:
+        ours, theirs = getattr(task, task_field), model.get(model_field, getattr(task, task_field))
+        if ours != theirs:
+            raise CheckpointError(
+                f"{folder / 'config.json'}: its [data] section makes {task_field} {ours}, but "
+                f"model.{model_field} is {theirs}"
+            )
+    return task
+
+
+# What the task decides about the model (training takes them from the task; see FROM_DATA).
+TASK_SHAPE = (
+    ("image_size", "image_size"),
+    ("in_chans", "in_chans"),
+    ("num_classes", "num_classes"),
+)
+DATA_CONFIG_KEY = "data_config"  # weights metadata: the training data's config (canonical JSON)
+
+
+def data_metadata(cfg: DataConfig) -> dict[str, str]:
+    """Weights metadata naming the data they were trained on (checked by load_task)."""
+    import dataclasses
+    import json
+
+    text = json.dumps(dataclasses.asdict(cfg), sort_keys=True, separators=(",", ":"))
+    return {DATA_CONFIG_KEY: text}
+
+
+def _data_mismatch(cfg: DataConfig, saved: str) -> str | None:
+    """The first [data] field that differs from the stored one, as a phrase; `path` (where an
+    image folder lives, which may move) is not compared."""
+    import dataclasses
+
+    from poslens._config import from_dict
+    from poslens.data import DataConfig
+    from poslens.io import parse_json
+
+    try:
+        stored = from_dict(DataConfig, parse_json(saved, "data_config"), "data")
+    except (CheckpointError, ConfigError) as e:
+        return f"the data config stored with the weights is unreadable ({e})"
+    for f in dataclasses.fields(cfg):
+        ours, theirs = getattr(cfg, f.name), getattr(stored, f.name)
+        if f.name != "path" and ours != theirs:
+            return f"data.{f.name} is {ours!r} but the weights were trained with {theirs!r}"
+    return None
 
 
 def load_images(path: str | Path, spec: str, model: ViT, seed: int = 0) -> Task:

@@ -97,6 +97,12 @@ def ckpts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         shutil.copytree(done, root / f"lie_{field}")
         _edit_config(root / f"lie_{field}", **{field: value})
         out[f"lie_{field}"] = root / f"lie_{field}"
+    for field, value in {"seed": 5, "background": "flat"}.items():  # other val/test images
+        shutil.copytree(done, root / f"lie_data_{field}")
+        cfg = json.loads((done / "config.json").read_text())
+        cfg["data"][field] = value
+        (root / f"lie_data_{field}" / "config.json").write_text(json.dumps(cfg))
+        out[f"lie_data_{field}"] = root / f"lie_data_{field}"
     for name, text in {"inf": "Infinity", "nan": "NaN"}.items():
         shutil.copytree(done, root / f"nonfinite_{name}")
         cfg = (done / "config.json").read_text()
@@ -178,6 +184,8 @@ def cases(tmp: Path, ck: dict[str, Path]) -> list[Case]:
         Case("lie ape_init_std", ["info", str(ck["lie_ape_init_std"])], "model.ape_init_std"),
         Case("analyze lie", ["analyze", str(ck["lie_posenc"]), "--out", out, *QUICK], "model.posenc is 'none' but"),
         Case("sae lie", ["sae", "train", str(ck["lie_rope_layout"]), "--out", out], "model.rope_layout is 'half'"),
+        Case("analyze data lie", ["analyze", str(ck["lie_data_seed"]), "--out", out, *QUICK], "data.seed is 5 but the weights were trained with 0"),
+        Case("sae data lie", ["sae", "train", str(ck["lie_data_background"]), "--out", out], "data.background is 'flat'"),
         # unfinished runs (Ctrl-C at step 3)
         Case("info unfinished", ["info", ctrlc], "unfinished training run (weights at step 2 of 4"),
         Case("analyze unfinished", ["analyze", ctrlc, "--out", out, *QUICK], "--allow-unfinished"),
@@ -537,6 +545,16 @@ def test_weights_saved_before_fingerprints_still_load(tmp_path: Path) -> None:
     with pytest.raises(poslens.errors.CheckpointError, match="unfinished"):
         poslens.load(tmp_path)
     assert poslens.load(tmp_path, allow_unfinished=True) is not None
+    # without a stored data config, the [data] section must still agree with the model's shape
+    from poslens.data import DataConfig
+
+    data = DataConfig(image_size=16, object_scale=0.32)
+    write_json(tmp_path / "config.json", {"model": cfg.to_dict(), "data": data.__dict__})
+    assert poslens.load_task(tmp_path).num_classes == cfg.num_classes
+    data = DataConfig(image_size=32)
+    write_json(tmp_path / "config.json", {"model": cfg.to_dict(), "data": data.__dict__})
+    with pytest.raises(poslens.errors.CheckpointError, match="image_size 32, but model.image_size"):
+        poslens.load_task(tmp_path)
 
 
 def test_two_processes_save_identical_bytes(tmp_path: Path) -> None:

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 import poslens
 from poslens import distributed
+from poslens.api import data_metadata
 from poslens.data import Task, build_task
 from poslens.errors import CheckpointError, ConfigError, UserError
 from poslens.io import (
@@ -138,7 +139,12 @@ def save_checkpoint(
     The resume state holds weights and optimiser moments in one file, so a kill between two
     writes can never pair weights of one step with moments of another.
     """
-    meta = {"step": str(step), "poslens": poslens.__version__, **cfg.model.weights_metadata()}
+    meta = {
+        "step": str(step),
+        "poslens": poslens.__version__,
+        **cfg.model.weights_metadata(),
+        **data_metadata(cfg.data),
+    }
     weights = model.state_dict()
     write_json(out / CONFIG, {"poslens_version": poslens.__version__, **cfg.to_dict()})
     save_tensors(out / WEIGHTS, weights, meta)
