@@ -260,14 +260,13 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 
 def cmd_sae_train(args: argparse.Namespace) -> int:
     import poslens
+    from poslens.limits import check_output_dir, check_sae
     from poslens.sae import SAEConfig
     from poslens.sae.pipeline import train_on_checkpoint
 
     cfg = SAEConfig(
         site=args.site, expansion=args.expansion, k=args.k, epochs=args.epochs, whiten=args.whiten
     )
-    from poslens.limits import check_output_dir, check_sae
-
     if args.images < 10:
         raise UserError(f"--images must be at least 10, got {args.images}")
     model = poslens.load(
