@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import typing
 from typing import Any
 
@@ -9,6 +10,22 @@ from poslens.errors import ConfigError
 
 # Analysis precisions: fp32, or bf16 / fp16 forward passes under torch.autocast
 ANALYSIS_PRECISIONS = ("fp32", "bf16", "fp16")
+# Integers must fit torch's int64 (seeds, sizes); larger ones overflow deep inside torch.
+MAX_INT = 2**63 - 1
+# Optimiser steps of one run. poslens trains small models for thousands of steps; 10 million
+# steps take over a day even at 100 steps/s, faster than any model here trains, so a larger
+# count is a typo (steps=1e20 would never end) rather than a plan.
+MAX_STEPS = 10_000_000
+# torch threads (and the study's parallel jobs): torch accepts any count and fails later.
+MAX_THREADS = 1024
+
+
+def bounded_steps(name: str, value: int) -> None:
+    """Refuse a step count (already a positive int) that could not finish: see MAX_STEPS."""
+    if value > MAX_STEPS:
+        raise ConfigError(
+            f"{name} must be at most {MAX_STEPS:,} (over a day even at 100 steps/s), got {value:,}"
+        )
 
 
 def from_dict(cls: Any, d: Any, section: str) -> Any:
@@ -27,10 +44,26 @@ def from_dict(cls: Any, d: Any, section: str) -> Any:
         if default is not None and not isinstance(value, type(default)):
             raise ConfigError(
                 f"{section}.{key} must be {type(default).__name__}, got {type(value).__name__} "
-                f"{value!r}"
+                f"{short_repr(value)}"
             )
+        finite_number(f"{section}.{key}", value)
         kwargs[key] = value
     return cls(**kwargs)
+
+
+def short_repr(value: Any, limit: int = 60) -> str:
+    """repr() cut to `limit` characters, so a hostile value cannot flood a one-line error."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 3]}..."
+
+
+def finite_number(name: str, value: Any) -> None:
+    """Refuse NaN and infinite floats and integers beyond int64 (in a field or a list of them)."""
+    for v in value if isinstance(value, list | tuple) else (value,):
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ConfigError(f"{name} must be a finite number, got {v!r}")
+        if isinstance(v, int) and not isinstance(v, bool) and abs(v) > MAX_INT:
+            raise ConfigError(f"{name} must be below 2**63, got {v!r}")
 
 
 def positive_int(name: str, value: Any, allow_zero: bool = False) -> None:
@@ -42,19 +75,21 @@ def positive_int(name: str, value: Any, allow_zero: bool = False) -> None:
     if not ok:
         kind = "a non-negative" if allow_zero else "a positive"
         raise ConfigError(f"{name} must be {kind} integer, got {value!r}")
+    finite_number(name, value)
 
 
 def positive_float(name: str, value: Any, allow_zero: bool = False) -> None:
     ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    ok = ok and (value >= 0 if allow_zero else value > 0) and value == value
+    ok = ok and (isinstance(value, int) or math.isfinite(value))
+    ok = ok and (value >= 0 if allow_zero else value > 0)
     if not ok:
         kind = "a non-negative" if allow_zero else "a positive"
-        raise ConfigError(f"{name} must be {kind} number, got {value!r}")
+        raise ConfigError(f"{name} must be {kind} finite number, got {value!r}")
 
 
 def one_of(name: str, value: Any, choices: tuple[str, ...]) -> None:
     if value not in choices:
-        raise ConfigError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
+        raise ConfigError(f"{name} must be one of {', '.join(choices)}; got {short_repr(value)}")
 
 
 def parse_value(name: str, text: str, kind: Any) -> Any:
@@ -73,7 +108,9 @@ def parse_value(name: str, text: str, kind: Any) -> Any:
                 raise ValueError
             return text.lower() in ("true", "1", "yes")
         if kind in (int, float):
-            return kind(text)
+            value = kind(text)
+            finite_number(name, value)
+            return value
         return text
     except ValueError:
         what = "true/false" if kind is bool else getattr(kind, "__name__", str(kind))

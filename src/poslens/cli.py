@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, NoReturn
 from poslens.errors import UserError
 
 if TYPE_CHECKING:
+    from poslens.api import CheckpointStatus
     from poslens.training.config import RunConfig
 
 
@@ -22,6 +23,19 @@ class _Parser(argparse.ArgumentParser):
 
 
 DEVICE_HELP = "torch device: cpu (default), cuda, cuda:N, or auto (cuda if available, else cpu)"
+
+
+def _count(text: str) -> int:
+    """argparse type of --jobs / --threads: 0 (automatic) up to MAX_THREADS."""
+    from poslens._config import MAX_THREADS
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+    if not 0 <= value <= MAX_THREADS:
+        raise argparse.ArgumentTypeError(f"must be 0 (automatic) to {MAX_THREADS}, got {value}")
+    return value
 
 
 def resolve_device(name: str) -> str:
@@ -54,10 +68,12 @@ def _run_configs(args: argparse.Namespace) -> list[tuple[str, RunConfig]]:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from poslens.limits import check_output_dir
     from poslens.training.train import train
 
     runs = _run_configs(args)
     out = Path(args.out)
+    check_output_dir(out)
     results = []
     for name, cfg in runs:
         target = out / name if len(runs) > 1 else out
@@ -93,15 +109,42 @@ def cmd_info(args: argparse.Namespace) -> int:
         raise UserError(
             "poslens info takes a checkpoint folder or --model timm:NAME --weights PATH"
         )
-    model = poslens.load(spec, weights=args.weights)
+    model = poslens.load(spec, weights=args.weights, allow_unfinished=args.allow_unfinished)
     cfg = model.cfg
     print(
         f"{spec}: ViT posenc={cfg.posenc} depth={cfg.depth} dim={cfg.dim} heads={cfg.heads} "
         f"grid={cfg.grid}x{cfg.grid} prefix={cfg.num_prefix} params={model.num_params():,}"
     )
+    status = _unfinished(args.checkpoint, args.weights) if args.checkpoint else None
+    if status is not None:
+        print(f"warning: {status.describe()}, loaded with --allow-unfinished")
     if args.hooks:
         print("\n".join(model.hook_names()))
     return 0
+
+
+def _unfinished(checkpoint: str, weights: str | None = None) -> CheckpointStatus | None:
+    """The checkpoint's status when it is an unfinished training run (else None)."""
+    from poslens.api import checkpoint_status
+
+    path = Path(weights) if weights is not None else Path(checkpoint)
+    if path.is_dir():
+        path = path / "model.safetensors"
+    status = checkpoint_status(path.parent, path)
+    return None if status.finished else status
+
+
+def _experiment_names(text: str) -> list[str]:
+    """`--experiments a,b`: names in order, each at most once (a repeat is refused, not rerun)."""
+    from poslens import experiments
+
+    if text == "all":
+        return list(experiments.EXPERIMENTS)
+    names = [n.strip() for n in text.split(",")]
+    for i, n in enumerate(names):
+        if n in names[:i]:
+            raise UserError(f"--experiments lists {n!r} twice")
+    return names
 
 
 def _overrides(items: Sequence[str], names: Sequence[str]) -> dict[str, dict[str, str]]:
@@ -124,13 +167,10 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     from poslens._config import override
     from poslens.experiments.analyze import analyze
     from poslens.io import jsonable, write_json
+    from poslens.limits import check_analysis, check_output_dir
     from poslens.precision import autocast
 
-    names = (
-        list(experiments.EXPERIMENTS)
-        if args.experiments == "all"
-        else [n.strip() for n in args.experiments.split(",")]
-    )
+    names = _experiment_names(args.experiments)
     modules = [experiments.get(n) for n in names]  # validates every name before any work
     common = {
         "n_images": args.images,
@@ -163,13 +203,23 @@ def cmd_analyze(args: argparse.Namespace) -> int:
             raise UserError("poslens analyze needs a checkpoint folder or --model timm:NAME")
         if args.data is not None or args.weights is not None:
             raise UserError("--data and --weights go with --model timm:NAME, not a checkpoint")
-        model = poslens.load(args.checkpoint, device=device)
+        model = poslens.load(args.checkpoint, device=device, allow_unfinished=args.allow_unfinished)
         data = poslens.load_task(args.checkpoint)
         source = {"checkpoint": str(args.checkpoint)}
+        status = _unfinished(args.checkpoint)
+        if status is not None:  # loaded with --allow-unfinished: the results say so
+            source["unfinished"] = status.to_dict()  # type: ignore[assignment]
     autocast(model, args.precision)  # UserError now if torch cannot run this precision here
     out = Path(args.out)
+    check_output_dir(out)
+    check_analysis(
+        model.cfg, args.images, common["probe_images"], args.batch_size, device,
+        getattr(data, "cfg", None),
+    )  # fmt: skip
     # Under torchrun every rank evaluates its share of the images; rank 0 prints and writes.
     main = distributed.is_main()
+    if main:  # the index is written last; a stale one must not outlive a failure
+        (out / "analysis.json").unlink(missing_ok=True)
     report = print if main else lambda *_a, **_k: None
 
     def done(name: str, record: dict[str, object]) -> None:
@@ -206,6 +256,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 
 def cmd_sae_train(args: argparse.Namespace) -> int:
     import poslens
+    from poslens.limits import check_output_dir, check_sae
     from poslens.sae import SAEConfig
     from poslens.sae.pipeline import train_on_checkpoint
 
@@ -214,9 +265,14 @@ def cmd_sae_train(args: argparse.Namespace) -> int:
     )
     if args.images < 10:
         raise UserError(f"--images must be at least 10, got {args.images}")
-    model = poslens.load(args.checkpoint, device=args.device)
+    model = poslens.load(
+        args.checkpoint, device=args.device, allow_unfinished=args.allow_unfinished
+    )
     task = poslens.load_task(args.checkpoint)
     cfg.d_sae(model.cfg.dim)  # ConfigError now if k does not fit, before any work
+    check_output_dir(args.out)
+    check_sae(model.cfg, cfg, args.images, args.device, getattr(task, "cfg", None))
+    status = _unfinished(args.checkpoint)
     main = _rank_zero()  # under torchrun only rank 0 reports
     r = train_on_checkpoint(
         model,
@@ -225,6 +281,7 @@ def cmd_sae_train(args: argparse.Namespace) -> int:
         Path(args.out),
         n_images=args.images,
         progress=main and not args.no_progress,
+        record=None if status is None else {"unfinished_checkpoint": status.to_dict()},
     )
     if not main:
         return 0
@@ -238,6 +295,7 @@ def cmd_sae_train(args: argparse.Namespace) -> int:
 
 
 def cmd_study(args: argparse.Namespace) -> int:
+    from poslens.limits import check_output_dir
     from poslens.study import preset, run_study
 
     changes: dict[str, object] = {"precision": args.precision}
@@ -255,6 +313,7 @@ def cmd_study(args: argparse.Namespace) -> int:
     if args.seeds is not None:
         changes["seeds"] = args.seeds
     cfg = preset(args.preset, **changes)
+    check_output_dir(args.out)
     results = run_study(
         cfg,
         args.out,
@@ -341,6 +400,11 @@ def build_parser() -> argparse.ArgumentParser:
         "statistics are always computed in float32 or float64",
     )
     a.add_argument("--no-progress", action="store_true", help="no progress bars")
+    a.add_argument(
+        "--allow-unfinished",
+        action="store_true",
+        help="use a checkpoint whose training did not finish (recorded in the results)",
+    )
     a.set_defaults(fn=cmd_analyze)
 
     sae = sub.add_parser("sae", help="sparse autoencoders on a checkpoint's activations")
@@ -358,6 +422,11 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--images", type=int, default=1000, help="training images (default 1000)")
     st.add_argument("--device", default="cpu", help=DEVICE_HELP)
     st.add_argument("--no-progress", action="store_true", help="no progress bar")
+    st.add_argument(
+        "--allow-unfinished",
+        action="store_true",
+        help="use a checkpoint whose training did not finish (recorded in the results)",
+    )
     st.set_defaults(fn=cmd_sae_train)
 
     sy = sub.add_parser(
@@ -393,12 +462,12 @@ def build_parser() -> argparse.ArgumentParser:
     sy.add_argument("--device", default="cpu", help=DEVICE_HELP)
     sy.add_argument(
         "--jobs",
-        type=int,
+        type=_count,
         default=0,
         help="model/seed runs in parallel processes (default 0: one per core on the CPU)",
     )
     sy.add_argument(
-        "--threads", type=int, default=0, help="torch threads per job (0: cores / jobs)"
+        "--threads", type=_count, default=0, help="torch threads per job (0: cores / jobs)"
     )
     sy.add_argument("--no-progress", action="store_true", help="no progress display")
     sy.set_defaults(fn=cmd_study)
@@ -410,6 +479,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--weights", help="weights: a .safetensors file, or 'hub' (timm's download) for timm:NAME"
     )
     i.add_argument("--hooks", action="store_true", help="list every hook point name")
+    i.add_argument(
+        "--allow-unfinished", action="store_true", help="describe an unfinished training run too"
+    )
     i.set_defaults(fn=cmd_info)
     return p
 
@@ -419,19 +491,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     from poslens.allocator import keep_freed_memory
 
     keep_freed_memory()  # this process is ours: reuse big freed CPU blocks (poslens/allocator.py)
-    if getattr(args, "device", None) is not None:
-        args.device = resolve_device(args.device)
     try:
+        if getattr(args, "device", None) is not None:
+            from poslens.limits import check_device
+
+            args.device = resolve_device(args.device)
+            check_device(args.device)
         return int(args.fn(args))
     except UserError as e:
-        print(f"poslens: error: {e}", file=sys.stderr)
+        print(f"poslens: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(
-            "poslens: interrupted (finished checkpoints are kept; rerun with --resume)",
-            file=sys.stderr,
-        )
+        print(f"poslens: interrupted ({INTERRUPTED.get(args.command, '')})", file=sys.stderr)
         return 130
+
+
+# What an interrupted command leaves, and how to continue: only train takes --resume.
+INTERRUPTED = {
+    "train": "checkpoints written so far are kept; rerun with --resume to continue",
+    "study": "finished stages are kept; rerun the same command to continue",
+    "analyze": "experiments saved so far are kept, without analysis.json; rerun to redo them",
+    "sae": "nothing was saved; rerun the command",
+    "info": "nothing was written",
+}
 
 
 if __name__ == "__main__":

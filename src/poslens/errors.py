@@ -15,3 +15,11 @@ class CheckpointError(UserError):
 
 class DataError(UserError):
     """Data could not be built or read: missing folder, corrupt image, unknown task."""
+
+
+class OutputError(UserError):
+    """Output cannot be written: --out is a file, the folder is read-only, or the disk is full."""
+
+
+class LimitError(UserError):
+    """A size or count beyond what this machine can hold or finish; the message gives the estimate."""

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 import math
 import os
 import struct
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Any
@@ -15,25 +17,81 @@ from typing import Any
 import numpy as np
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
+from safetensors.torch import save as safetensors_bytes
 
-from poslens.errors import CheckpointError
+from poslens.errors import CheckpointError, OutputError
+
+# Hostile-file bounds. poslens writes configs of a few KB and results.json of a few MB; a file far
+# beyond these is refused before it is parsed (a 254 MB config.json took minutes to reject).
+MAX_CONFIG_BYTES = 1 << 20  # config.json, TOML run configs, cfg.json, stage records
+MAX_JSON_BYTES = 64 << 20  # results.json, metrics.json and other JSON written by poslens
+MAX_JSON_DEPTH = 64  # nesting of objects and arrays; poslens's own files stay below 10
+MAX_HEADER_BYTES = 100_000_000  # a safetensors header (the safetensors library's own limit)
+
+# Paths written by atomic_write inside `removed_on_error()` blocks (innermost block last).
+_WRITTEN: contextvars.ContextVar[tuple[list[Path], ...]] = contextvars.ContextVar(
+    "poslens_written", default=()
+)
 
 
 def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
-    """Write via a temporary file in the same folder, then rename: readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+    """Write via a temporary file in the same folder, then rename: readers never see half a file.
+
+    An OSError (full disk, read-only folder, a file where a folder should be) becomes a one-line
+    OutputError; the temporary file is removed and `path` keeps its previous content.
+    """
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.close(fd)
+    except OSError as e:
+        raise _output_error(path, e) from None
     try:
         write(Path(tmp))
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual permissions
-        os.replace(tmp, path)
-    except BaseException:
+        _replace(Path(tmp), path)
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError):
+            raise _output_error(path, e) from None
         raise
+    for paths in _WRITTEN.get():
+        paths.append(path)
+
+
+def _replace(tmp: Path, path: Path) -> None:
+    """The atomic rename that publishes a finished write (one place, so tests can fail it)."""
+    os.replace(tmp, path)
+
+
+def _output_error(path: Path, e: OSError) -> OutputError:
+    reason = e.strerror or str(e) or type(e).__name__
+    return OutputError(f"could not write {path} ({reason}); nothing was marked finished")
+
+
+@contextlib.contextmanager
+def removed_on_error(
+    folder: Path | None = None, patterns: Sequence[str] = ()
+) -> Iterator[list[Path]]:
+    """Files written by atomic_write inside the block are deleted if the block raises, so a
+    failed write (e.g. a full disk) never leaves half an output set that a rerun would trust;
+    so are the files in `folder` matching `patterns` (the set's earlier version, which would
+    otherwise be left mixed with the new one)."""
+    paths: list[Path] = []
+    token = _WRITTEN.set((*_WRITTEN.get(), paths))
+    try:
+        yield paths
+    except BaseException:
+        stale = [p for pat in patterns for p in folder.glob(pat)] if folder is not None else []
+        for p in [*paths, *stale]:
+            with contextlib.suppress(OSError):
+                p.unlink(missing_ok=True)
+        raise
+    finally:
+        _WRITTEN.reset(token)
 
 
 def _umask() -> int:
@@ -69,21 +127,82 @@ def write_json(path: Path, obj: Any) -> None:
     atomic_write(path, lambda p: p.write_text(text))
 
 
-def read_json(path: Path, what: str = "file") -> Any:
-    if not path.is_file():
-        raise CheckpointError(f"{what} not found: {path}")
+def read_json(path: Path, what: str = "file", max_bytes: int = MAX_JSON_BYTES) -> Any:
+    """Parse a JSON file within size and nesting bounds, with finite numbers only; a one-line
+    CheckpointError names what is wrong (missing, too large, too deep, invalid, NaN at a key)."""
     try:
-        return json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{what} {path} is not valid JSON ({e})") from None
+        if not path.is_file():
+            raise CheckpointError(f"{what} not found: {path}")
+        size = path.stat().st_size
+        if size > max_bytes:
+            raise CheckpointError(
+                f"{what} {path} is {size:,} bytes, more than the {max_bytes:,} a {what} may have"
+            )
+        text = path.read_bytes()
+    except OSError as e:
+        raise CheckpointError(f"{what} {path} could not be read ({e.strerror or e})") from None
+    return parse_json(text, f"{what} {path}")
+
+
+def parse_json(text: str | bytes, where: str) -> Any:
+    """json.loads with the nesting bound and finite numbers only (RecursionError, NaN and
+    Infinity become one-line CheckpointErrors naming `where`)."""
+    try:
+        obj = json.loads(text)
+    except RecursionError:
+        raise CheckpointError(f"{where} is nested more than {MAX_JSON_DEPTH} levels deep") from None
+    except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError, digits limit, bad UTF-8
+        raise CheckpointError(f"{where} is not valid JSON ({str(e).splitlines()[0]})") from None
+    check_plain(obj, where)
+    return obj
+
+
+def check_plain(obj: Any, where: str, finite: bool = True) -> None:
+    """Refuse nesting deeper than MAX_JSON_DEPTH and (if `finite`) non-finite numbers, naming the
+    first key path (iterative: a hostile document cannot exhaust the stack)."""
+    stack: list[tuple[Any, str, int]] = [(obj, "", 0)]
+    while stack:
+        value, key, depth = stack.pop()
+        if isinstance(value, dict | list):
+            if depth >= MAX_JSON_DEPTH:
+                raise CheckpointError(f"{where} is nested more than {MAX_JSON_DEPTH} levels deep")
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            for k, v in items:
+                sub = f"{key}.{k}" if isinstance(value, dict) else f"{key}[{k}]"
+                stack.append((v, sub.lstrip("."), depth + 1))
+        elif finite and isinstance(value, float) and not math.isfinite(value):
+            raise CheckpointError(
+                f"{where}: {key or 'the value'} is {value}; numbers must be finite"
+            )
 
 
 def save_tensors(
     path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None
 ) -> None:
-    """Atomically save tensors as safetensors (contiguous CPU copies)."""
+    """Atomically save tensors as safetensors (contiguous CPU copies); the same tensors and
+    metadata give the same bytes in every process (see `_sorted_header`)."""
     flat = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
-    atomic_write(path, lambda p: save_file(flat, str(p), metadata=metadata))
+    data = safetensors_bytes(flat, metadata=metadata)
+    header, body = _sorted_header(data)
+
+    def write(p: Path) -> None:
+        with open(p, "wb") as f:
+            f.write(struct.pack("<Q", len(header)))
+            f.write(header)
+            f.write(body)
+
+    atomic_write(path, write)
+
+
+def _sorted_header(data: bytes) -> tuple[bytes, memoryview]:
+    """The header of safetensors bytes re-serialised with sorted keys (the library writes the
+    metadata from a hash map, whose order changes from process to process), padded with spaces
+    to 8 bytes as the library does, and the unchanged tensor bytes after it."""
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + n])
+    text = json.dumps(header, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    text += b" " * (-len(text) % 8)
+    return text, memoryview(data)[8 + n :]
 
 
 def check_safetensors(path: Path) -> None:
@@ -93,7 +212,10 @@ def check_safetensors(path: Path) -> None:
     size = path.stat().st_size
     with open(path, "rb") as f:
         head = f.read(9)
-    if head[:2] == b"PK" or head[:1] == b"\x80":
+    looks_safetensors = (
+        len(head) == 9 and head[8:9] == b"{" and 8 + struct.unpack("<Q", head[:8])[0] <= size
+    )  # checked first: a header of 128 bytes (mod 256) also starts with pickle's 0x80
+    if not looks_safetensors and (head[:2] == b"PK" or head[:1] == b"\x80"):
         raise CheckpointError(
             f"{path} is a pickle/torch.save file, not safetensors; poslens never unpickles files"
         )
@@ -105,6 +227,11 @@ def check_safetensors(path: Path) -> None:
     if head[8:9] != b"{" or 8 + n > size:
         raise CheckpointError(
             f"{path} is not a valid safetensors file (corrupt or truncated header)"
+        )
+    if n > MAX_HEADER_BYTES:
+        raise CheckpointError(
+            f"{path} declares a {n:,}-byte safetensors header, more than the "
+            f"{MAX_HEADER_BYTES:,} allowed"
         )
 
 
@@ -121,14 +248,17 @@ def load_tensors(path: Path) -> dict[str, torch.Tensor]:
 
 def read_metadata(path: Path) -> dict[str, str]:
     """The string metadata stored in a safetensors header."""
-    check_safetensors(path)
+    check_safetensors(path)  # bounds the header size before anything is read
     with open(path, "rb") as f:
         (n,) = struct.unpack("<Q", f.read(8))
         try:
-            header = json.loads(f.read(n))
-        except json.JSONDecodeError:
+            header = parse_json(f.read(n), f"the safetensors header of {path}")
+        except CheckpointError:
             raise CheckpointError(f"{path} has a corrupt safetensors header") from None
-    return header.get("__metadata__", {}) or {}
+    meta = (header.get("__metadata__") or {}) if isinstance(header, dict) else None
+    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+        raise CheckpointError(f"{path} has a corrupt safetensors header (metadata)")
+    return meta
 
 
 def check_state_dict(

@@ -199,3 +199,17 @@ def make_study(out_dir: Path) -> dict[str, Any]:
         "claims": claims,
         "figures": figures,
     }
+
+
+def make_valid_study(out_dir: Path) -> dict[str, Any]:
+    """make_study made to follow the results schema (what `python -m poslens.report` accepts):
+    the required config and environment keys, flat headlines, study stages only."""
+    res = make_study(out_dir)
+    res["config"] |= {"probe_images": 100, "batch_size": 50, "only": [], "device": "cpu"}
+    res["environment"] |= {"numpy": "2.0", "platform": "Linux", "machine": "x86_64", "jobs": 1}
+    for m in res["models"].values():
+        m["aggregate"]["depth_profile"].pop("by_site")
+        for run in m["runs"]:
+            run["experiments"]["depth_profile"]["headline"].pop("by_site")
+    res["timings"]["stages"] = [s for s in res["timings"]["stages"] if s["model"] is not None]
+    return res

@@ -13,7 +13,7 @@ import pytest
 from poslens.report import render_html, render_markdown, write_report
 from poslens.report.__main__ import main as report_main
 from poslens.report.common import fmt_duration, fmt_num, order_keys
-from tests.report.synthetic import MISSING_PNG, make_study
+from tests.report.synthetic import MISSING_PNG, make_study, make_valid_study
 
 
 class Page(HTMLParser):
@@ -179,13 +179,13 @@ def test_headline_tables_show_mean_se_and_seeds(study: tuple[Path, dict[str, Any
     assert "0.991 ± 0.001 (2 seeds)" in depth and "0.975 ± 0.001 (2 seeds)" in depth
     assert '<small class="seeds">0.99, 0.992</small>' in depth
     rows = re.findall(r"<tr[^>]*><th>([^<]+)</th>", depth.split("<tbody>", 1)[1])
-    assert rows == [
+    assert rows == [  # key order (whatever order the dicts hold), each chance row after its metric
         "accuracy",
-        "ssdc_rpi_out",
-        "probe_acc_row",
-        "probe_acc_row_chance",
         "by_site.block0",
         "by_site.out",
+        "probe_acc_row",
+        "probe_acc_row_chance",
+        "ssdc_rpi_out",
     ]
     assert '<tr class="chance"><th>probe_acc_row_chance</th>' in depth
     # an experiment only some models ran has only their column; its skip reason is shown
@@ -281,7 +281,9 @@ def test_write_report_is_atomic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
 
     monkeypatch.setattr(Path, "write_text", half_then_fail)
     results["claims"][0]["summary"] = "changed"
-    with pytest.raises(OSError, match="disk full"):
+    from poslens.errors import OutputError
+
+    with pytest.raises(OutputError, match="disk full"):  # one line for the user, not OSError
         write_report(tmp_path, results)
     monkeypatch.undo()
     assert paths[0].read_bytes() == old
@@ -291,12 +293,60 @@ def test_write_report_is_atomic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
 def test_rebuild_from_results_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import json
 
-    results = make_study(tmp_path)
+    results = make_valid_study(tmp_path)
     (tmp_path / "results.json").write_text(json.dumps(results))
     assert report_main([str(tmp_path)]) == 0
     assert (tmp_path / "report.html").read_text(encoding="utf-8") == render_html(results, tmp_path)
     assert report_main([str(tmp_path / "nowhere")]) == 2
-    assert "results not found" in capsys.readouterr().err
+    assert "is not a folder" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert report_main([str(tmp_path / "empty")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("poslens: error: results not found") and err.count("\n") == 1
+
+
+def test_schema_check_agrees_with_jsonschema(tmp_path: Path) -> None:
+    """The built-in checker accepts what jsonschema accepts and refuses what it refuses, on the
+    valid synthetic study and on single mutations of it."""
+    import copy
+
+    jsonschema = pytest.importorskip("jsonschema")
+    from poslens.report.schema import results_schema, schema_error
+
+    schema = results_schema()
+    valid = make_valid_study(tmp_path)
+    mutations: list[tuple[str, Any]] = [
+        ("config.seeds", "two"),
+        ("config.preset", "huge"),
+        ("config.models", []),
+        ("schema", "poslens.study/0"),
+        ("models.ape.runs.0.config_hash", "XYZ"),
+        ("models.ape.runs.0.seed", -1),
+        ("models.ape.aggregate.windows.window_acc.n", 1.5),
+        ("claims.0.verdict", "maybe"),
+        ("figures.0.model", 3),
+        ("timings.stages.0.reused", "yes"),
+        ("models.ape.posenc", None),
+        ("environment", []),
+    ]
+    assert schema_error(valid, schema, schema) is None
+    jsonschema.validate(valid, schema)
+    for dotted, value in mutations:
+        doc = copy.deepcopy(valid)
+        *parents, last = dotted.split(".")
+        node: Any = doc
+        for key in parents:
+            node = node[int(key)] if isinstance(node, list) else node[key]
+        node[int(last) if isinstance(node, list) else last] = value
+        ours = schema_error(doc, schema, schema)
+        assert ours is not None, dotted
+        assert dotted.rsplit(".", 1)[0].split(".")[0] in ours, (dotted, ours)
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(doc, schema)
+    for key in ("claims", "models", "config"):
+        doc = copy.deepcopy(valid)
+        del doc[key]
+        assert f"lacks the required key {key!r}" in str(schema_error(doc, schema, schema))
 
 
 def test_empty_results_still_render(tmp_path: Path) -> None:
@@ -313,3 +363,29 @@ def test_summary_says_when_stages_were_reused() -> None:
     assert "(1 of 2 stages reused from an earlier run)" in summary(res)
     res["timings"]["stages"][0]["reused"] = False
     assert "reused" not in summary(res)
+
+
+def _reversed_dicts(obj: Any) -> Any:
+    """The same JSON value with every object's keys in reverse order."""
+    if isinstance(obj, dict):
+        return {k: _reversed_dicts(obj[k]) for k in reversed(list(obj))}
+    if isinstance(obj, list):
+        return [_reversed_dicts(v) for v in obj]
+    return obj
+
+
+def test_reports_do_not_depend_on_key_order(tmp_path: Path) -> None:
+    """A fresh study holds its headlines in code order, a resumed one reads them back from
+    key-sorted JSON, and a rebuild reads results.json: all must render byte-identical reports."""
+    import json
+
+    results = make_valid_study(tmp_path)
+    variants = [
+        _reversed_dicts(results),
+        json.loads(json.dumps(results, sort_keys=True)),
+    ]
+    md, html = render_markdown(results, tmp_path), render_html(results, tmp_path)
+    for other in variants:
+        assert render_markdown(other, tmp_path) == md
+        assert render_html(other, tmp_path) == html
+    assert md.index("| probe_acc_row |") < md.index("| probe_acc_row_chance |")  # chance after

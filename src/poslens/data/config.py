@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from poslens._config import MAX_INT
 from poslens.errors import ConfigError
 
 TASKS = ("relation", "animals", "folder")
@@ -90,10 +91,10 @@ def _check_choice(field: str, value: object, choices: tuple[str, ...]) -> None:
 
 def _check_int(field: str, value: object, low: int, high: int | None = None) -> None:
     ok = isinstance(value, int) and not isinstance(value, bool) and value >= low
-    if ok and high is not None:
-        ok = value <= high
+    if ok:
+        ok = value <= (MAX_INT if high is None else high)
     if not ok:
-        bound = f"between {low} and {high}" if high is not None else f">= {low}"
+        bound = f"between {low} and {high}" if high is not None else f">= {low} and below 2**63"
         raise ConfigError(f"data.{field} must be an int {bound}, got {value!r}")
 
 

@@ -14,7 +14,7 @@ import torch
 from poslens import experiments
 from poslens.data import Task
 from poslens.experiments.config import ExperimentConfig
-from poslens.io import jsonable
+from poslens.io import jsonable, removed_on_error
 from poslens.models.vit import ViT
 
 Record = dict[str, Any]
@@ -49,7 +49,9 @@ def analyze(
             start = time.perf_counter()
             torch.manual_seed(cfg.seed)
             result = module.run(model, data, cfg, progress=progress)
-            files = save(result, out, formats=formats, config=cfg)
+            # a failed write (a full disk) leaves none of this experiment's files behind
+            with removed_on_error(out, (f"{name}.*", f"{name}_*.csv")):
+                files = save(result, out, formats=formats, config=cfg)
             record = {
                 "seconds": round(time.perf_counter() - start, 1),
                 "files": files,

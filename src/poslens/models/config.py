@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import hashlib
+import json
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from poslens._config import from_dict, one_of, positive_float, positive_int
-from poslens.errors import ConfigError
+from poslens.errors import CheckpointError, ConfigError
 
 POSENCS = ("ape", "sincos", "rope_axial", "rope_mixed", "rope_axial_ape", "rope_mixed_ape", "none")
 ROPE_LAYOUTS = ("interleaved", "half")
@@ -126,3 +128,48 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
         return from_dict(cls, d, "model")
+
+    def canonical_json(self) -> str:
+        """Every field (defaults included) as compact key-sorted JSON: the same config, the same
+        text, in any process."""
+        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+
+    def fingerprint(self) -> str:
+        """16 hex digits of sha256 over canonical_json(): which model the weights belong to."""
+        return hashlib.sha256(self.canonical_json().encode()).hexdigest()[:16]
+
+    def weights_metadata(self) -> dict[str, str]:
+        """safetensors metadata that ties saved weights to this config (see config_mismatch)."""
+        return {MODEL_CONFIG_KEY: self.canonical_json(), FINGERPRINT_KEY: self.fingerprint()}
+
+
+MODEL_CONFIG_KEY, FINGERPRINT_KEY = "model_config", "model_fingerprint"
+
+
+def config_mismatch(cfg: ModelConfig, metadata: dict[str, str]) -> str | None:
+    """What `cfg` (a checkpoint's config.json) gets wrong about weights saved with `metadata`, as
+    a phrase naming the first differing field; None when they agree or the weights carry no
+    fingerprint (saved before fingerprints existed, or by another tool: unknown, not an error).
+
+    Shapes are checked by load_state_dict; this catches what shapes cannot show: the encoding,
+    rotary layout, theta, coordinates, norm eps, pooling, registers vs no registers of one size.
+    """
+    if MODEL_CONFIG_KEY not in metadata:
+        saved_fp = metadata.get(FINGERPRINT_KEY)
+        if saved_fp is None or saved_fp == cfg.fingerprint():
+            return None
+        return f"model fingerprint {cfg.fingerprint()} differs from the weights' {saved_fp}"
+    from poslens.io import parse_json
+
+    try:
+        saved = ModelConfig.from_dict(parse_json(metadata[MODEL_CONFIG_KEY], "model_config"))
+    except (CheckpointError, ConfigError) as e:
+        return f"the model config stored with the weights is unreadable ({e})"
+    for f in fields(cfg):
+        ours, theirs = getattr(cfg, f.name), getattr(saved, f.name)
+        if ours != theirs:
+            return f"model.{f.name} is {ours!r} but the weights were saved with {theirs!r}"
+    saved_fp = metadata.get(FINGERPRINT_KEY)
+    if saved_fp is not None and saved_fp != saved.fingerprint():
+        return "the weights' model fingerprint does not match their stored model config"
+    return None

@@ -3,30 +3,39 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from poslens.errors import UserError
-from poslens.io import read_json
-from poslens.report import write_report
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Re-render the reports of one study folder; one-line error and exit 2 on bad input."""
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: python -m poslens.report DIR", file=sys.stderr)
-        return 2
-    out_dir = Path(args[0])
+def main(argv: Sequence[str] | None = None) -> int:
+    """Re-render the reports of one study folder; one-line error and exit 2 on bad input
+    (no folder, unreadable, oversized, NaN or schema-breaking results.json, unwritable folder)."""
+    from poslens.cli import _Parser
+    from poslens.io import read_json
+    from poslens.report import write_report
+    from poslens.report.schema import check_results
+
+    parser = _Parser(
+        prog="python -m poslens.report",
+        description="Rebuild report.html and report.md of a study folder from its results.json.",
+    )
+    parser.add_argument("dir", metavar="DIR", help="a `poslens study` output folder")
+    args = parser.parse_args(argv)
+    out_dir = Path(args.dir)
     try:
-        results = read_json(out_dir / "results.json", "results")
+        if not out_dir.is_dir():
+            raise UserError(f"{out_dir} is not a folder (give a poslens study output folder)")
+        path = out_dir / "results.json"
+        results = read_json(path, "results")  # size, depth and finite numbers bounded
+        check_results(results, str(path))
+        paths = write_report(out_dir, results)
     except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"poslens: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
-    if not isinstance(results, dict):
-        print(f"error: {out_dir / 'results.json'} does not hold a JSON object", file=sys.stderr)
-        return 2
-    for path in write_report(out_dir, results):
-        print(path)
+    for p in paths:
+        print(p)
     return 0
 
 

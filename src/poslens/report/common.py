@@ -193,6 +193,11 @@ def chance_base(key: str, keys: list[str]) -> str | None:
     return min(cands, key=len) if cands else None
 
 
+def natural_key(key: str) -> tuple[Any, ...]:
+    """Sort key reading digit runs as numbers: 'ssdc@block2' before 'ssdc@block10'."""
+    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", key))
+
+
 def order_keys(keys: list[str]) -> list[str]:
     """First-seen order, but each chance row directly after the row it is the chance level of."""
     attached: dict[str, list[str]] = {}
@@ -264,7 +269,10 @@ def headline_table(results: Mapping[str, Any], exp: str) -> tuple[list[str], lis
             if k not in keys:
                 keys.append(k)
             cells[(k, name)] = c
-    return order_keys(keys), cols, cells
+    # Rows in natural key order, not the order the dicts happen to hold: a fresh study builds its
+    # headlines in code order, a resumed one reads them back from key-sorted JSON, and both (and a
+    # rebuild from results.json) must render the same table.
+    return order_keys(sorted(keys, key=natural_key)), cols, cells
 
 
 def figures(results: Mapping[str, Any], exp: str | None) -> list[dict[str, Any]]:
@@ -345,7 +353,8 @@ def training_table(results: Mapping[str, Any]) -> tuple[list[str], list[list[str
     seen: list[str] = []
     for _, run in runs:
         seen += [k for k in run_summary(run) if k not in seen]
-    keys = [k for k in TRAIN_LABELS if k in seen] + [k for k in seen if k not in TRAIN_LABELS]
+    extra = sorted((k for k in seen if k not in TRAIN_LABELS), key=natural_key)
+    keys = [k for k in TRAIN_LABELS if k in seen] + extra
     head = ["Model", "Seed", *(TRAIN_LABELS.get(k, k) for k in keys), "Checkpoint"]
     rows = []
     for name, run in runs:
@@ -380,8 +389,9 @@ def timing_rows(results: Mapping[str, Any]) -> list[list[str]]:
 
 
 def kv_rows(d: Mapping[str, Any] | None) -> list[tuple[str, str]]:
-    """(key, value text) for a flat settings table such as the config or the environment."""
-    return [(str(k), fmt_value(v)) for k, v in (d or {}).items()]
+    """(key, value text) for a flat settings table such as the config or the environment, in
+    key order (the same whichever order the dict was built in)."""
+    return [(str(k), fmt_value(v)) for k, v in sorted((d or {}).items(), key=lambda kv: str(kv[0]))]
 
 
 def read_png(out_dir: Path, rel: str | None) -> tuple[bytes | None, str]:

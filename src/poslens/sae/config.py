@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from poslens._config import from_dict, positive_float, positive_int
+from poslens._config import bounded_steps, from_dict, positive_float, positive_int
 from poslens.errors import ConfigError
 
 
@@ -51,6 +51,9 @@ class SAEConfig:
         for name in ("steps", "aux_k"):
             if getattr(self, name) is not None:
                 positive_int(f"sae.{name}", getattr(self, name))
+        for name in ("steps", "epochs"):
+            if getattr(self, name) is not None:
+                bounded_steps(f"sae.{name}", getattr(self, name))
         if self.lr is not None:
             positive_float("sae.lr", self.lr)
         positive_float("sae.aux_coef", self.aux_coef, allow_zero=True)

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from poslens.errors import CheckpointError
-from poslens.io import load_tensors, read_json, save_tensors, write_json
+from poslens.io import MAX_CONFIG_BYTES, load_tensors, read_json, save_tensors, write_json
 from poslens.sae.config import SAEConfig
 from poslens.sae.model import TopKSAE, Whitening
 
@@ -72,7 +72,7 @@ def load_sae(path: str | Path) -> TopKSAE:
     folder = Path(path)
     if not folder.is_dir():
         raise CheckpointError(f"SAE folder not found: {folder}")
-    cfg = read_json(folder / CFG, "SAE config")
+    cfg = read_json(folder / CFG, "SAE config", MAX_CONFIG_BYTES)
     if not isinstance(cfg, dict) or cfg.get("architecture") != "topk":
         got = cfg.get("architecture") if isinstance(cfg, dict) else type(cfg).__name__
         raise CheckpointError(f"{folder / CFG}: architecture must be 'topk', got {got!r}")
@@ -109,6 +109,6 @@ def load_sae(path: str | Path) -> TopKSAE:
 
 def load_sae_config(path: str | Path) -> SAEConfig | None:
     """The SAEConfig stored beside a saved SAE (None if it was saved without one)."""
-    cfg = read_json(Path(path) / CFG, "SAE config")
+    cfg = read_json(Path(path) / CFG, "SAE config", MAX_CONFIG_BYTES)
     stored = cfg.get("poslens_config") if isinstance(cfg, dict) else None
     return None if stored is None else SAEConfig.from_dict(stored)

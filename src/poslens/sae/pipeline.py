@@ -20,10 +20,10 @@ from matplotlib.figure import Figure
 from poslens import distributed
 from poslens.data import Task
 from poslens.errors import ConfigError
-from poslens.io import atomic_write, jsonable, write_json
+from poslens.io import atomic_write, jsonable, removed_on_error, write_json
 from poslens.models.vit import ViT
 from poslens.sae.config import SAEConfig
-from poslens.sae.io import save_sae
+from poslens.sae.io import CFG, WEIGHTS, save_sae
 from poslens.sae.latents import PositionalLatents, find_positional_latents
 from poslens.sae.metrics import evaluate, spliced_quality
 from poslens.sae.model import TopKSAE
@@ -78,6 +78,29 @@ def latent_maps_figure(pl: PositionalLatents, max_maps: int = 24) -> Figure:
     return fig
 
 
+@torch.no_grad()
+def check_token_site(model: ViT, site: str, field: str = "sae.site") -> None:
+    """An SAE reads token activations [B, T, D] (T = prefix + patches, D = model.dim): refuse a
+    hook of any other shape (attention patterns [B, H, T, T], rotary tables, per-head q/k/v,
+    patch-only embeddings) in one line, by running two blank images through the model."""
+    if site not in model.hook_names():
+        raise ConfigError(
+            f"{field} {site!r} is not a hook of this model (see poslens info --hooks)"
+        )
+    cfg = model.cfg
+    x = torch.zeros(
+        2, cfg.in_chans, cfg.image_size, cfg.image_size, device=model.head.weight.device
+    )
+    _, cache = model.run_with_cache(x, site)
+    shape, tokens = tuple(cache[site].shape), cfg.num_prefix + cfg.grid**2
+    if shape != (2, tokens, cfg.dim):
+        raise ConfigError(
+            f"{field} {site!r} holds activations of shape {list(shape)} for 2 images, not the "
+            f"token activations [B, {tokens}, {cfg.dim}] an SAE reads; pick a residual, norm or "
+            "block output hook such as blocks.0.hook_resid_pre"
+        )
+
+
 def train_on_checkpoint(
     model: ViT,
     task: Task,
@@ -86,17 +109,17 @@ def train_on_checkpoint(
     n_images: int = 1000,
     eval_images: int = 300,
     progress: bool = False,
+    record: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Train, evaluate, find positional latents, save everything to `out`; returns the report.
 
     Under torchrun every rank calls this: activations are extracted sharded and the SAE trained
     data-parallel (ActivationStore.from_model, train_sae); rank 0 alone evaluates and writes,
     then hands every rank its report. A CUDA model moves to this rank's GPU (cuda:LOCAL_RANK).
+    `record` (e.g. the checkpoint's unfinished state) is stored in the report as it is. A failed
+    write removes what was written, so the folder never holds an SAE without its report.
     """
-    if cfg.site not in model.hook_names():
-        raise ConfigError(
-            f"sae.site {cfg.site!r} is not a hook of this model (see poslens info --hooks)"
-        )
+    check_token_site(model, cfg.site)
     dev = model.head.weight.device
     if dev.type == "cuda" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         dev = distributed.device_for("cuda")
@@ -127,10 +150,12 @@ def train_on_checkpoint(
         }
         if world > 1:
             report["processes"] = world
-        save_sae(sae, out, cfg, metadata={"posenc": model.cfg.posenc})
-        write_json(out / "sae_report.json", jsonable(report))
+        report |= record or {}
         fig = latent_maps_figure(positional)
-        atomic_write(
-            out / "positional_latents.png", lambda p: fig.savefig(p, format="png", dpi=120)
-        )
+        with removed_on_error(out, (WEIGHTS, CFG, "positional_latents.png", "sae_report.json")):
+            save_sae(sae, out, cfg, metadata={"posenc": model.cfg.posenc})
+            atomic_write(
+                out / "positional_latents.png", lambda p: fig.savefig(p, format="png", dpi=120)
+            )
+            write_json(out / "sae_report.json", jsonable(report))  # last: the set is complete
     return distributed.broadcast_object(report)

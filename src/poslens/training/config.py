@@ -7,9 +7,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from poslens._config import from_dict, one_of, positive_float, positive_int
+from poslens._config import (
+    MAX_THREADS,
+    bounded_steps,
+    from_dict,
+    one_of,
+    positive_float,
+    positive_int,
+)
 from poslens.data import DataConfig
 from poslens.errors import ConfigError
+from poslens.io import MAX_CONFIG_BYTES
 from poslens.models.config import POSENCS, ModelConfig
 
 PRECISIONS = ("auto", "fp32", "bf16")
@@ -41,8 +49,11 @@ class TrainConfig:
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "eval_every", "eval_images", "ckpt_every"):
             positive_int(f"train.{name}", getattr(self, name))
+        bounded_steps("train.steps", self.steps)
         positive_int("train.seed", self.seed, allow_zero=True)
         positive_int("train.threads", self.threads, allow_zero=True)
+        if self.threads > MAX_THREADS:
+            raise ConfigError(f"train.threads must be at most {MAX_THREADS}, got {self.threads}")
         positive_float("train.lr", self.lr)
         for name in ("weight_decay", "grad_clip"):
             positive_float(f"train.{name}", getattr(self, name), allow_zero=True)
@@ -107,10 +118,12 @@ def load_config(path: str | Path) -> RunConfig:
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"config file not found: {p}")
-    try:
-        d = tomllib.loads(p.read_text())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise ConfigError(f"config file {p} is not valid TOML ({e})") from None
+    size = p.stat().st_size
+    if size > MAX_CONFIG_BYTES:
+        raise ConfigError(
+            f"config file {p} is {size:,} bytes, more than the {MAX_CONFIG_BYTES:,} a config may have"
+        )
+    d = _parse_toml(p.read_bytes(), f"config file {p}")
     base = preset(d.pop("preset")) if isinstance(d.get("preset"), str) else None
     return RunConfig.from_dict(d, base)
 
@@ -124,8 +137,30 @@ def apply_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:
         if not sep or not dot or not fname:
             raise ConfigError(f"override {item!r} must look like section.field=value")
         try:
-            value = tomllib.loads(f"v = {raw.strip()}")["v"]
-        except tomllib.TOMLDecodeError:
+            value = _parse_toml(f"v = {raw.strip()}".encode(), f"--set {key.strip()}", False)["v"]
+        except ConfigError as e:
+            if "not valid TOML" not in str(e):
+                raise
             value = raw.strip()
         d.setdefault(section, {})[fname] = value
     return RunConfig.from_dict(d, cfg)
+
+
+def _parse_toml(data: bytes, where: str, finite: bool = True) -> dict[str, Any]:
+    """tomllib within poslens's bounds: nesting (tomllib recurses, so a deep file would end in
+    RecursionError) and, if `finite`, finite numbers; one-line ConfigErrors naming `where`.
+    (An override leaves the finite check to the config field, whose error names the field.)"""
+    from poslens.errors import CheckpointError
+    from poslens.io import MAX_JSON_DEPTH, check_plain
+
+    try:
+        d = tomllib.loads(data.decode("utf-8"))
+    except RecursionError:
+        raise ConfigError(f"{where} is nested more than {MAX_JSON_DEPTH} levels deep") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError, ValueError) as e:
+        raise ConfigError(f"{where} is not valid TOML ({str(e).splitlines()[0]})") from None
+    try:
+        check_plain(d, where, finite)
+    except CheckpointError as e:
+        raise ConfigError(str(e)) from None
+    return d

@@ -2,6 +2,10 @@
 
 Each batch is a pure function of (data seed, step), and the optimiser state is checkpointed, so a
 run resumed from step s continues exactly as the uninterrupted run would have.
+
+A training folder is finished when, and only when, its metrics.json (FINISHED) exists: it is
+written last, after the final config, weights and resume state, and never after a failed write
+or a loss that stopped being finite. Readers (poslens.load, the study) rely on this rule.
 """
 
 from __future__ import annotations
@@ -19,9 +23,19 @@ import torch.nn.functional as F
 
 from poslens import distributed
 from poslens._version import __version__
+from poslens.api import data_metadata
 from poslens.data import Task, build_task
-from poslens.errors import CheckpointError, ConfigError
-from poslens.io import load_tensors, read_json, read_metadata, save_tensors, write_json
+from poslens.errors import CheckpointError, ConfigError, UserError
+from poslens.io import (
+    MAX_CONFIG_BYTES,
+    load_tensors,
+    parse_json,
+    read_json,
+    read_metadata,
+    save_tensors,
+    write_json,
+)
+from poslens.models.config import config_mismatch
 from poslens.models.vit import ViT, build_model
 from poslens.precision import autocast, resolve_precision
 from poslens.training.config import RunConfig
@@ -33,6 +47,11 @@ CONFIG, WEIGHTS, STATE, METRICS = (
     "train_state.safetensors",
     "metrics.json",
 )
+FINISHED = METRICS  # the marker of a finished run: written last (see the module docstring)
+
+
+class TrainingDiverged(UserError):
+    """The loss (or a weight) stopped being finite: the run is stopped, never marked finished."""
 
 
 def lr_at(step: int, total: int, base: float, warmup_frac: float) -> float:
@@ -97,7 +116,12 @@ def save_checkpoint(
     The resume state holds weights and optimiser moments in one file, so a kill between two
     writes can never pair weights of one step with moments of another.
     """
-    meta = {"step": str(step), "poslens": __version__}
+    meta = {
+        "step": str(step),
+        "poslens": __version__,
+        **cfg.model.weights_metadata(),
+        **data_metadata(cfg.data),
+    }
     weights = model.state_dict()
     write_json(out / CONFIG, {"poslens_version": __version__, **cfg.to_dict()})
     save_tensors(out / WEIGHTS, weights, meta)
@@ -112,7 +136,10 @@ def save_checkpoint(
 
 def load_resume_state(out: Path, model: ViT, opt: torch.optim.Optimizer) -> tuple[int, list]:
     """Restore weights and optimiser moments from the resume state; returns (step, history)."""
-    meta = read_metadata(out / STATE)
+    meta = read_metadata(out / STATE)  # the header goes through the same guard as any weights
+    why = config_mismatch(model.cfg, meta)
+    if why is not None:
+        raise CheckpointError(f"the resume state in {out} belongs to another model: {why}")
     flat = load_tensors(out / STATE)
     weights = {k.removeprefix("model::"): v for k, v in flat.items() if k.startswith("model::")}
     try:
@@ -127,7 +154,14 @@ def load_resume_state(out: Path, model: ViT, opt: torch.optim.Optimizer) -> tupl
         if pname not in params:
             raise CheckpointError(f"optimiser state in {out} names unknown parameter {pname}")
         opt.state[params[pname]][skey] = value
-    return int(meta["step"]), json.loads(meta.get("history", "[]"))
+    try:
+        step = int(meta["step"])
+    except (KeyError, ValueError):
+        raise CheckpointError(f"the resume state in {out} records no valid step") from None
+    history = parse_json(meta.get("history", "[]"), f"the training history in {out / STATE}")
+    if not isinstance(history, list):
+        raise CheckpointError(f"the training history in {out / STATE} is not a list")
+    return step, history
 
 
 def train(
@@ -144,6 +178,11 @@ def train(
     evaluates and writes checkpoints and metrics.
     """
     out = Path(out)
+    from poslens.limits import check_device, check_output_dir, check_training
+
+    check_device(device)  # each a one-line UserError before any work
+    check_output_dir(out)
+    check_training(cfg, device)
     dev = distributed.device_for(device)
     rank, world = distributed.init(dev)
     if cfg.train.batch_size % world:
@@ -172,8 +211,9 @@ def train(
             for tmp in out.glob(f".{name}.*.tmp"):
                 tmp.unlink(missing_ok=True)
     if resume and (out / STATE).is_file():
-        saved = read_json(out / CONFIG, "checkpoint config")
-        saved.pop("poslens_version", None)
+        saved = read_json(out / CONFIG, "checkpoint config", MAX_CONFIG_BYTES)
+        if isinstance(saved, dict):
+            saved.pop("poslens_version", None)
         if saved != cfg.to_dict():
             raise CheckpointError(f"--resume: the config in {out} differs from the requested one")
         start, history = load_resume_state(out, model, opt)
@@ -206,6 +246,7 @@ def train(
             done = step + 1
             rate = trained_images / (time.perf_counter() - t0)
             loss_value = loss.item()
+            _check_finite(loss_value, done, cfg, world)
             bar.update(done, loss=loss_value, images_per_s=rate)
             if main_rank and (done % cfg.train.eval_every == 0 or done == total):
                 ev = evaluate(model, val_x, val_y, precision)
@@ -251,8 +292,27 @@ def train(
     }
     if world > 1:
         metrics["processes"] = world
+    if not all(bool(torch.isfinite(p).all()) for p in model.parameters()):
+        raise TrainingDiverged(
+            f"training ended with non-finite weights (train.lr={cfg.train.lr:g}); "
+            f"nothing in {out} was marked finished"
+        )
     if main_rank:
         save_checkpoint(out, model, opt, cfg, total, history)
-        write_json(out / METRICS, metrics)
+        write_json(out / FINISHED, metrics)  # last: the run is finished (module docstring)
     distributed.barrier()
     return metrics
+
+
+def _check_finite(loss: float, step: int, cfg: RunConfig, world: int) -> None:
+    """Stop a run whose loss is NaN or infinite (all ranks together under torchrun, so none
+    waits for the others): a diverged run must fail, not save NaN weights as finished."""
+    bad = not math.isfinite(loss)
+    if world > 1:
+        flag = distributed.all_reduce_sum(torch.tensor([float(bad)]))
+        bad = bool(flag.item() > 0)
+    if bad:
+        raise TrainingDiverged(
+            f"training diverged at step {step}: the loss is {loss} (train.lr={cfg.train.lr:g}; "
+            "try a lower train.lr); the run was stopped and not marked finished"
+        )

@@ -1,0 +1,299 @@
+"""Up-front checks, each a one-line UserError before any work: memory estimated from a config
+against what this machine has, the torch device, and an output folder that can be written.
+
+The estimates are deliberately rough (within a small factor): they exist to refuse sizes that
+cannot possibly fit (a batch of 1e8 images, a width of 1e6) at once, with the estimate in the
+message, instead of a multi-GB allocation, an out-of-memory kill or a run that never ends.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from poslens.errors import LimitError, OutputError, UserError
+
+if TYPE_CHECKING:
+    from poslens.data import DataConfig
+    from poslens.models.config import ModelConfig
+    from poslens.sae.config import SAEConfig
+    from poslens.training.config import RunConfig
+
+FLOAT = 4  # bytes per float32 value
+Part = tuple[str, float]  # (what it is, with the fields that size it; bytes)
+
+
+def fmt_bytes(n: float) -> str:
+    """Bytes for people: '512 MB', '3.2 TB' (decimal units)."""
+    for unit in ("B", "KB", "MB", "GB", "TB", "PB"):
+        if abs(n) < 1000 or unit == "PB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.3g} {unit}"
+        n /= 1000
+    return f"{n:.3g} PB"  # unreachable
+
+
+def machine_memory() -> int:
+    """Bytes of memory this process may use: physical RAM, or a smaller cgroup limit."""
+    try:
+        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        total = 1 << 50  # unknown platform: only absurd sizes are refused
+    for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = Path(limit_file).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit() and 0 < int(text) < total:
+            total = int(text)
+    return total
+
+
+def device_memory(device: str) -> tuple[int, str]:
+    """(bytes, description) of the memory that holds models and activations on `device`."""
+    if device.startswith("cuda"):
+        import torch
+
+        if torch.cuda.is_available():
+            index = torch.device(device).index or 0
+            return torch.cuda.get_device_properties(index).total_memory, f"GPU {device}"
+    return machine_memory(), "this machine"
+
+
+def check_fits(parts: Sequence[Part], what: str, device: str = "cpu") -> None:
+    """LimitError with the estimate and its largest part when `parts` exceed the memory."""
+    budget, where = device_memory(device)
+    total = sum(b for _, b in parts)
+    if total <= budget:
+        return
+    name, biggest = max(parts, key=lambda p: p[1])
+    raise LimitError(
+        f"{what} needs about {fmt_bytes(total)} of memory, more than {where} has "
+        f"({fmt_bytes(budget)}); the largest part is {name}: {fmt_bytes(biggest)}"
+    )
+
+
+def param_count(cfg: ModelConfig) -> float:
+    """Parameters of a ViT with this config (as a float: hostile sizes overflow nothing)."""
+    d, hidden, patches = float(cfg.dim), float(int(cfg.dim * cfg.mlp_ratio)), float(cfg.grid) ** 2
+    per_block = 4 * d * d + 4 * d + 2 * d * hidden + hidden + d + 4 * d
+    embed = cfg.in_chans * cfg.patch_size**2 * d + d
+    prefix = (int(cfg.cls_token) + cfg.num_registers) * d
+    ape = patches * d if cfg.posenc in ("ape", "rope_axial_ape", "rope_mixed_ape") else 0.0
+    mixed = (
+        2.0 * cfg.depth * cfg.heads * cfg.head_dim // 2
+        if cfg.posenc.startswith("rope_mixed")
+        else 0.0
+    )
+    return embed + prefix + ape + mixed + cfg.depth * per_block + 2 * d + (d + 1) * cfg.num_classes
+
+
+def tokens(cfg: ModelConfig, image_size: int | None = None) -> float:
+    """Tokens per image (prefix + patches) at `image_size` (default: the config's)."""
+    grid = (image_size or cfg.image_size) // cfg.patch_size
+    return float(cfg.num_prefix) + float(grid) ** 2
+
+
+def activation_bytes(
+    cfg: ModelConfig, images: float, train: bool, image_size: int | None = None
+) -> float:
+    """Activations of a forward pass over `images` images (kept for backward when `train`):
+    per block the residual-width tensors, the MLP hidden and the attention scores."""
+    t, d = tokens(cfg, image_size), float(cfg.dim)
+    hidden = d * cfg.mlp_ratio
+    per_block = t * (d * (9 if train else 4) + 2 * hidden) + 2 * cfg.heads * t * t
+    blocks = cfg.depth if train else 1  # without backward, one block's activations at a time
+    return images * (blocks * per_block + t * d * 2) * FLOAT
+
+
+def image_bytes(n: float, channels: int, image_size: int) -> float:
+    return float(n) * channels * float(image_size) ** 2 * FLOAT
+
+
+def data_parts(data: DataConfig) -> list[Part]:
+    """The fixed val and test splits a task builds (procedural tasks render them in memory)."""
+    return [
+        (
+            f"the val and test images (data.n_val={data.n_val:,} + data.n_test={data.n_test:,} at "
+            f"data.image_size={data.image_size:,})",
+            image_bytes(data.n_val + data.n_test, data.channels, data.image_size),
+        )
+    ]
+
+
+def _task_parts(data: object) -> list[Part]:
+    """data_parts of a procedural task's DataConfig; nothing for anything else (image folders
+    are sized by their files, pretrained images by the folder given)."""
+    from poslens.data import DataConfig
+
+    return data_parts(data) if isinstance(data, DataConfig) and data.task != "folder" else []
+
+
+def model_parts(cfg: ModelConfig, optimizer: bool = False) -> list[Part]:
+    """The weights (and, when training, gradients and two AdamW moments)."""
+    copies = 4 if optimizer else 1
+    return [
+        (
+            f"the model's {param_count(cfg):.3g} parameters (model.dim={cfg.dim:,}, "
+            f"model.depth={cfg.depth:,}, model.num_registers={cfg.num_registers:,})",
+            param_count(cfg) * FLOAT * copies,
+        )
+    ]
+
+
+def check_model(cfg: ModelConfig, device: str = "cpu") -> None:
+    """Before a model is built: its weights alone must fit."""
+    check_fits(model_parts(cfg), "the model", device)
+
+
+def check_training(cfg: RunConfig, device: str = "cpu") -> None:
+    """Before training: weights + optimiser state + one batch's activations, and the data."""
+    import dataclasses
+
+    data = cfg.data
+    if data.image_size % cfg.model.patch_size:
+        return  # model_config_for refuses it with its own message
+    model = dataclasses.replace(cfg.model, image_size=data.image_size, in_chans=data.channels)
+    batch = cfg.train.batch_size
+    parts = [
+        *model_parts(model, optimizer=True),
+        (
+            f"the activations of one batch (train.batch_size={batch:,} x {tokens(model):,.0f} "
+            f"tokens at data.image_size={data.image_size:,} x model.dim={model.dim:,} x "
+            f"model.depth={model.depth:,} blocks)",
+            activation_bytes(model, batch, train=True)
+            + image_bytes(batch, data.channels, data.image_size),
+        ),
+    ]
+    if data.task != "folder":
+        parts += data_parts(data)
+    check_fits(parts, "training", device)
+
+
+def check_analysis(
+    cfg: ModelConfig,
+    n_images: int,
+    probe_images: int,
+    batch_size: int,
+    device: str = "cpu",
+    data: object = None,
+) -> None:
+    """Before an analysis: the evaluation images, one batch's activations with cached sites, and
+    the probes' features (every site's patch tokens of the probe images)."""
+    t, d, sites = tokens(cfg), float(cfg.dim), cfg.depth + 1
+    parts = [
+        *model_parts(cfg),
+        (
+            f"the evaluation images (--images {n_images:,})",
+            image_bytes(n_images, cfg.in_chans, cfg.image_size),
+        ),
+        (
+            f"the activations of one batch (--batch-size {batch_size:,})",
+            activation_bytes(cfg, batch_size, train=False) + batch_size * t * d * sites * FLOAT,
+        ),
+        (
+            f"the probe features (--probe-images {probe_images:,} x {t:,.0f} tokens x {sites} "
+            f"sites x model.dim={cfg.dim:,})",
+            float(probe_images) * t * d * sites * FLOAT,
+        ),
+    ]
+    parts += _task_parts(data)
+    check_fits(parts, "the analysis", device)
+
+
+def check_sae(
+    cfg: ModelConfig,
+    sae: SAEConfig,
+    n_images: int,
+    device: str = "cpu",
+    data: object = None,
+) -> None:
+    """Before SAE training: the training images, their activations, the SAE with Adam state and
+    its batch; and a step count that can finish (see poslens._config.MAX_STEPS)."""
+    from poslens._config import bounded_steps
+
+    per_image = tokens(cfg) - (0 if sae.include_prefix else cfg.num_prefix)
+    d_in, n_tokens = float(cfg.dim), float(n_images) * per_image
+    d_sae = float(sae.expansion) * d_in
+    parts = [
+        *model_parts(cfg),
+        (
+            f"the training images (--images {n_images:,})",
+            image_bytes(n_images, cfg.in_chans, cfg.image_size),
+        ),
+        (
+            f"the activations of {n_tokens:,.0f} tokens (--images {n_images:,})",
+            n_tokens * d_in * FLOAT,
+        ),
+        (
+            f"the SAE with its optimiser (expansion {sae.expansion:,} x d_in {cfg.dim:,})",
+            (2 * d_sae * d_in + d_sae + d_in) * FLOAT * 4 + 3 * sae.batch * d_sae * FLOAT,
+        ),
+    ]
+    parts += _task_parts(data)
+    check_fits(parts, "the SAE", device)
+    if sae.steps is None:  # epochs x batches per epoch
+        bounded_steps(
+            f"the SAE's steps (--epochs {sae.epochs:,} x {n_tokens:,.0f} tokens / {sae.batch:,})",
+            sae.epochs * math.ceil(n_tokens / sae.batch),
+        )
+
+
+DEVICE_TYPES = ("cpu", "cuda", "mps")
+
+
+def check_device(name: str) -> None:
+    """A device torch knows and this machine has: cpu, cuda[:N] with CUDA, mps on Apple."""
+    if name in ("cpu", "auto"):
+        return
+    import torch
+
+    try:
+        dev = torch.device(name)
+    except (RuntimeError, ValueError, TypeError):
+        raise UserError(
+            f"--device {name!r} is not a device poslens can use (cpu, cuda, cuda:N, mps or auto)"
+        ) from None
+    if dev.type not in DEVICE_TYPES:
+        raise UserError(f"--device {name!r}: poslens runs on cpu, cuda or mps, not {dev.type}")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UserError(
+                f"--device {name}: torch {torch.__version__} sees no CUDA GPU on this machine; "
+                "use --device cpu or auto"
+            )
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise UserError(
+                f"--device {name}: this machine has {torch.cuda.device_count()} CUDA GPU(s), "
+                f"numbered from 0"
+            )
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        raise UserError(f"--device {name}: MPS is not available on this machine; use --device cpu")
+
+
+def check_output_dir(path: str | Path, flag: str = "--out") -> None:
+    """`path` is a folder, or can be created as one, and a file can be written there (tested by
+    writing and removing one temporary file, so read-only mounts and permissions both count;
+    nothing is created when `path` does not exist yet)."""
+    p = Path(path)
+    try:
+        if p.exists() and not p.is_dir():
+            raise OutputError(f"{flag} {p} is a file, not a folder")
+        probe = p
+        while not probe.exists() and probe != probe.parent:
+            probe = probe.parent
+        if not probe.is_dir():
+            raise OutputError(f"{flag} {p} cannot be created: {probe} is a file, not a folder")
+    except OSError as e:
+        raise OutputError(f"{flag} {p} cannot be used ({e.strerror or e})") from None
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".poslens-write-test.", dir=probe)
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as e:
+        raise OutputError(
+            f"{flag} {p} is not writable: cannot create a file in {probe} ({e.strerror or e})"
+        ) from None
