@@ -332,7 +332,7 @@ def cmd_study(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from poslens._config import ANALYSIS_PRECISIONS
-    from poslens.models.config import POSENCS
+    from poslens.training.config import PRESETS
 
     p = _Parser(
         prog="poslens", description="How ViTs represent patch position, under APE and RoPE."
@@ -343,7 +343,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument(
         "--preset",
         action="append",
-        choices=POSENCS,
+        choices=PRESETS,
         help="default config with this encoding (repeatable)",
     )
     t.add_argument("--config", help="TOML run config with [model], [data], [train] tables")

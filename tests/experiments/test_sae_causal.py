@@ -35,23 +35,30 @@ def test_sae_causal_end_to_end(tmp_path: Path) -> None:
             "positional",
             "positional+error",
             "uniform",
-            "matched",
+            "matched_all",
         } <= families
-        assert r.probes["intact"].shape == (2, 3)
-        assert np.allclose(r.probes["chance"][:, 0], 1 / 16)  # 4x4 grid: exact chance 1/16
+        # intact: its own refitted probes (clean and RPI) at the SAE's site and the output
+        assert set(r.probes["intact"]) == {"refit", "refit_rpi"}
+        assert r.probes["intact"]["refit"].shape == (2, 3)
+        assert np.allclose(r.probes["chance"]["refit"][:, 0], 1 / 16)  # 4x4 grid
+        # every edit is read by the intact model's fixed probes and by refitted ones
+        assert set(r.probes["reconstruction"]) == {"refit", "fixed", "refit_rpi", "fixed_rpi"}
         n_pos = len(r.positional.latents)
         if n_pos:  # the dose ladder always ends with all positional latents
             assert any(c.name == f"zero_{n_pos}" for c in r.conditions)
             assert {"mean_all", "resample_other_image", "resample_other_position"} <= {
                 c.name for c in r.conditions
             }
-            v = r.verdict_numbers()
-            assert v["zero_all+error"]["probe_exact_site"] == r.probes[f"zero_{n_pos}+error"][0, 0]
+            s = r.summary()
+            z = r.probes[f"zero_{n_pos}+error"]["fixed"][0, 0]
+            intact, chance = r.probes["intact"]["refit"][0, 0], 1 / 16
+            assert s["zero_all+error"]["fixed_drop_site"] == pytest.approx(
+                (intact - z) / (intact - chance)
+            )
     # the intact probes at a site are the baseline's, whichever SAE site asked for them
-    assert np.array_equal(res.results[0].probes["intact"][1], res.results[1].probes["intact"][1])
-    verdict = res.verdict()
-    assert set(verdict) == set(sites)
-    assert all(isinstance(v["probe_causal"], bool) for v in verdict.values())
+    assert np.array_equal(
+        res.results[0].probes["intact"]["refit"][1], res.results[1].probes["intact"]["refit"][1]
+    )
     save(res, tmp_path)
     rows = list(csv.DictReader((tmp_path / "sae_causal_conditions.csv").open()))
     assert {r["sae_site"] for r in rows} == set(sites)

@@ -105,3 +105,22 @@ def effective_rank(x: torch.Tensor) -> float:
     p = s / s.sum()
     p = p[p > 0]
     return float(torch.exp(-(p * p.log()).sum()))
+
+
+def row_col_share(table: torch.Tensor) -> dict[str, float]:
+    """How much of a position table's variance [gh, gw, D] is row effects plus column effects
+    (a two-way decomposition over the grid): 1 for an additive row + column code such as
+    sin-cos, about 2 / G for one random direction per cell."""
+    t = table.double()
+    centred = t - t.mean((0, 1), keepdim=True)
+    row, col = centred.mean(1, keepdim=True), centred.mean(0, keepdim=True)  # [gh,1,D], [1,gw,D]
+    total = centred.pow(2).sum()
+    if total == 0:
+        return {"row_share": 0.0, "col_share": 0.0, "rowcol_share": 0.0}
+    gh, gw = t.shape[:2]
+    row_var, col_var = gw * row.pow(2).sum(), gh * col.pow(2).sum()
+    return {
+        "row_share": float(row_var / total),
+        "col_share": float(col_var / total),
+        "rowcol_share": float((row_var + col_var) / total),
+    }

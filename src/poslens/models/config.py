@@ -14,6 +14,9 @@ POSENCS = ("ape", "sincos", "rope_axial", "rope_mixed", "rope_axial_ape", "rope_
 ROPE_LAYOUTS = ("interleaved", "half")
 ROPE_COORDS = ("index", "centered")
 POOLS = ("cls", "mean")
+APE_CODES = ("learned", "rowcol", "cell")
+# fields added after the first release, with the default that to_dict leaves out
+LATER_FIELDS = {"rope_coords": "index", "ape_code": "learned"}
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,11 @@ class ModelConfig:
     # Rotary coordinates: "index" 0-based patch index; "centered" DINOv3's (2 i + 1) / n - 1 per axis
     # (in [-1, 1] whatever the grid), with angles 2 pi * coordinate * theta^(-i / (planes per axis)).
     rope_coords: str = "index"
+    # The additive table of posenc "ape": "learned" (initialised with ape_init_std), or a code
+    # planted by construction and frozen, for calibration (METHODS.md, "Calibration"): "rowcol"
+    # an additive row + column code (a random vector per row plus one per column), "cell" one
+    # random orthogonal direction per grid cell (no row or column structure).
+    ape_code: str = "learned"
     # Learned APE init std. timm uses 0.02; on the default task (600 steps, batch 64) APE reached
     # 27% / 31% val accuracy with std 0.02 at lr 1e-3 / 3e-3, 49% / 16% with std 0.3.
     ape_init_std: float = 0.3
@@ -76,6 +84,11 @@ class ModelConfig:
         one_of("model.posenc", self.posenc, POSENCS)
         one_of("model.rope_layout", self.rope_layout, ROPE_LAYOUTS)
         one_of("model.rope_coords", self.rope_coords, ROPE_COORDS)
+        one_of("model.ape_code", self.ape_code, APE_CODES)
+        if self.ape_code != "learned" and self.posenc != "ape":
+            raise ConfigError(
+                f"model.ape_code {self.ape_code!r} needs posenc 'ape', got {self.posenc!r}"
+            )
         one_of("model.pool", self.pool, POOLS)
         if self.image_size % self.patch_size:
             raise ConfigError(
@@ -118,11 +131,13 @@ class ModelConfig:
         return self.posenc in ("ape", "sincos", "rope_axial_ape", "rope_mixed_ape")
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready fields; rope_coords only when not "index", so that configs (and the study's
-        checkpoint hashes) written before the field existed stay the same."""
+        """JSON-ready fields; fields added after the first release only when not at their
+        default, so that configs (and the study's checkpoint hashes) written before they existed
+        stay the same."""
         d = asdict(self)
-        if d["rope_coords"] == "index":
-            del d["rope_coords"]
+        for name, default in LATER_FIELDS.items():
+            if d[name] == default:
+                del d[name]
         return d
 
     @classmethod
@@ -130,9 +145,9 @@ class ModelConfig:
         return from_dict(cls, d, "model")
 
     def canonical_json(self) -> str:
-        """Every field (defaults included) as compact key-sorted JSON: the same config, the same
-        text, in any process."""
-        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+        """to_dict() as compact key-sorted JSON: the same config, the same text, in any process
+        (fields added later are left out at their default, so older fingerprints stay valid)."""
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
 
     def fingerprint(self) -> str:
         """16 hex digits of sha256 over canonical_json(): which model the weights belong to."""

@@ -173,13 +173,17 @@ class ViT(HookedModule):
         for p in (self.cls_token, self.reg_tokens):
             if p is not None:
                 nn.init.normal_(p, std=1e-6)
-        if self.pos_embed is not None:
+        if self.pos_embed is not None and self.cfg.ape_code == "learned":
             nn.init.trunc_normal_(
                 self.pos_embed,
                 std=self.cfg.ape_init_std,
                 a=-2 * self.cfg.ape_init_std,
                 b=2 * self.cfg.ape_init_std,
             )
+        elif self.pos_embed is not None:  # a planted code, frozen: see ModelConfig.ape_code
+            with torch.no_grad():
+                self.pos_embed.copy_(planted_code(self.cfg.ape_code, self.cfg.grid, self.cfg.dim))
+            self.pos_embed.requires_grad_(False)
 
     def grid_of(self, x: torch.Tensor) -> tuple[int, int]:
         """Patch grid (gh, gw) of an image batch [B, C, H, W]; UserError if it does not fit."""
@@ -231,6 +235,22 @@ class ViT(HookedModule):
         pooled = x[:, 0] if self.cfg.pool == "cls" else x[:, self.cfg.num_prefix :].mean(dim=1)
         return self.head(pooled)
 
+    def norm_site(self, name: str) -> tuple[str, LayerNorm] | None:
+        """For a LayerNorm's output hook, the residual hook it normalises and the norm itself:
+        blocks.b.ln1 <- blocks.b.hook_resid_pre, blocks.b.ln2 <- blocks.b.hook_resid_mid,
+        ln_final <- the last block's hook_resid_post. None for any other hook. An edit meant to
+        reach the rest of the network rewrites that residual, not the norm's output alone."""
+        last = f"blocks.{self.cfg.depth - 1}.hook_resid_post"
+        if name == "ln_final.hook_normalized":
+            return last, self.ln_final
+        parts = name.split(".")
+        if len(parts) == 4 and parts[0] == "blocks" and parts[3] == "hook_normalized":
+            b, which = int(parts[1]), parts[2]
+            if 0 <= b < self.cfg.depth and which in ("ln1", "ln2"):
+                resid = "hook_resid_pre" if which == "ln1" else "hook_resid_mid"
+                return f"blocks.{b}.{resid}", getattr(self.blocks[b], which)
+        return None
+
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
@@ -243,6 +263,19 @@ class ViT(HookedModule):
         embed = 2 * cfg.grid**2 * cfg.in_chans * cfg.patch_size**2 * D
         total = embed + cfg.depth * per_block + 2 * D * cfg.num_classes
         return float(total * (3 if train else 1))
+
+
+def planted_code(kind: str, grid: int, dim: int) -> torch.Tensor:
+    """A position table [1, grid*grid, dim] with a structure known by construction (unit variance
+    per entry, drawn from torch's generator): "rowcol" r[row] + c[col] (additive), "cell" one
+    random orthogonal direction per cell (orthonormal rows while grid^2 <= dim)."""
+    n = grid * grid
+    if kind == "rowcol":
+        rows, cols = torch.randn(grid, dim), torch.randn(grid, dim)
+        return ((rows[:, None] + cols[None, :]) / 2**0.5).reshape(1, n, dim)
+    m = max(n, dim)
+    q, _ = torch.linalg.qr(torch.randn(m, m))  # orthogonal [m, m]: entries of variance 1/m
+    return (q[:n, :dim] * m**0.5).reshape(1, n, dim)
 
 
 def build_model(cfg: ModelConfig, seed: int | None = None) -> ViT:

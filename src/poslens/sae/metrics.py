@@ -67,27 +67,51 @@ def splice(
     edit: Edit | None = None,
     include_prefix: bool | None = None,
 ) -> Iterator[None]:
-    """Within the `with`, replace the activation x at `site` (default: the SAE's) by D(z').
+    """Within the `with`, the activation x at `site` (default: the SAE's) becomes D(z').
 
     z = E(x) and z' = edit(z) (z without edit; edit gets codes [B, T, F] and returns new codes).
     with_error adds the SAE's error back: x + D(z') - D(z), so only edited latents move and no
     edit is an exact identity. Only patch tokens are touched unless include_prefix (default: as
     the SAE was trained).
+
+    An SAE read at a LayerNorm's output (e.g. `blocks.b.ln1.hook_normalized`, the original
+    study's site) is spliced where the model reads: the residual the norm normalises is
+    rewritten, its change dy mapped back through the norm per token (dx = sigma * dy / gamma,
+    sigma the token's standard deviation), so the edit reaches every later block and not only
+    this block's attention (NOTES.md, "Sparse autoencoders").
     """
     site = site or sae.site
     keep_prefix = sae.include_prefix if include_prefix is None else include_prefix
     p = 0 if keep_prefix else model.cfg.num_prefix
 
-    def hook(t_BTD: torch.Tensor, _name: str) -> torch.Tensor:
-        x = t_BTD[:, p:].float()
-        codes = sae.encode(x)
+    def edited(x_BTD: torch.Tensor) -> torch.Tensor:
+        """The SAE's output for activations x (the edited reconstruction, or x + the edit)."""
+        codes = sae.encode(x_BTD)
         rec = sae.decode(codes)
         new = rec if edit is None else sae.decode(edit(codes))
-        if with_error:
-            new = x + (new - rec)
-        return torch.cat([t_BTD[:, :p], new.to(t_BTD.dtype)], dim=1)
+        return x_BTD + (new - rec) if with_error else new
 
-    with model.hooks([(site, hook)]):
+    def at_site(t_BTD: torch.Tensor, _name: str) -> torch.Tensor:
+        x = t_BTD[:, p:].float()
+        return torch.cat([t_BTD[:, :p], edited(x).to(t_BTD.dtype)], dim=1)
+
+    norm_site = model.norm_site(site)
+    if norm_site is None:
+        with model.hooks([(site, at_site)]):
+            yield
+        return
+    resid_name, norm = norm_site
+
+    def at_residual(t_BTD: torch.Tensor, _name: str) -> torch.Tensor:
+        x = t_BTD[:, p:].float()
+        y = F.layer_norm(x, norm.normalized_shape, norm.weight.float(), norm.bias.float(), norm.eps)
+        dy = edited(y) - y
+        sigma = (x.var(-1, unbiased=False, keepdim=True) + norm.eps).sqrt()
+        gamma = norm.weight.float()
+        gamma = torch.where(gamma.abs() < 1e-6, torch.full_like(gamma, 1e-6), gamma)
+        return torch.cat([t_BTD[:, :p], (x + sigma * dy / gamma).to(t_BTD.dtype)], dim=1)
+
+    with model.hooks([(resid_name, at_residual)]):
         yield
 
 

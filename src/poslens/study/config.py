@@ -10,7 +10,7 @@ from typing import Any
 from poslens._config import ANALYSIS_PRECISIONS, one_of, positive_int
 from poslens.errors import ConfigError
 from poslens.experiments import EXPERIMENTS
-from poslens.models.config import POSENCS
+from poslens.training.config import PRESETS as MODEL_PRESETS
 
 PRESETS = ("quick", "default", "paper")
 
@@ -64,7 +64,7 @@ class StudyConfig:
             if not self.models:
                 raise ConfigError("study.models must name at least one encoding")
             for m in self.models:
-                one_of("study.models", m, POSENCS)
+                one_of("study.models", m, MODEL_PRESETS)
             if len(set(self.models)) != len(self.models):
                 raise ConfigError(f"study.models lists an encoding twice: {', '.join(self.models)}")
         positive_int("study.seeds", self.seeds)
@@ -120,7 +120,7 @@ class StudyConfig:
 def _model_prefix(item: str) -> str | None:
     """ "ape:train.steps=2000" -> "ape" (an override for one encoding only); else None."""
     head, colon, _ = item.partition(":")
-    return head if colon and head in POSENCS else None
+    return head if colon and head in MODEL_PRESETS else None
 
 
 def parse_pretrained(item: str) -> tuple[str, str, str]:

@@ -102,15 +102,23 @@ class RunConfig:
         return cls(**parts)
 
 
-def preset(name: str) -> RunConfig:
-    """The default small config with the named positional encoding (`poslens train --preset NAME`).
+# Calibration models (METHODS.md, "Calibration"): a mechanism planted by construction, so that an
+# instrument can show it detects it (or stays quiet where it is absent). name -> model fields.
+CALIBRATION: dict[str, dict[str, Any]] = {
+    "ape_rowcol": {"posenc": "ape", "ape_code": "rowcol"},  # additive row + column code, frozen
+    "ape_cell": {"posenc": "ape", "ape_code": "cell"},  # one direction per cell, frozen
+}
+PRESETS = (*POSENCS, *CALIBRATION)
 
-    Presets are named after the encoding: ape, sincos, rope_axial, rope_mixed, rope_axial_ape,
-    rope_mixed_ape, none.
-    """
-    if name not in POSENCS:
-        raise ConfigError(f"unknown preset {name!r}; presets: {', '.join(POSENCS)}")
-    return RunConfig(model=ModelConfig(posenc=name))
+
+def preset(name: str) -> RunConfig:
+    """The default small config of a named model (`poslens train --preset NAME`): an encoding
+    (ape, sincos, rope_axial, rope_mixed, rope_axial_ape, rope_mixed_ape, none) or a calibration
+    model with a planted mechanism (CALIBRATION)."""
+    if name not in PRESETS:
+        raise ConfigError(f"unknown preset {name!r}; presets: {', '.join(PRESETS)}")
+    fields = CALIBRATION.get(name, {"posenc": name})
+    return RunConfig(model=ModelConfig(**fields))
 
 
 def load_config(path: str | Path) -> RunConfig:

@@ -67,6 +67,8 @@ def make_optimizer(model: ViT, cfg: RunConfig) -> torch.optim.AdamW:
     """AdamW with weight decay on matrices only (not on biases, norms, tokens or embeddings)."""
     decay, no_decay = [], []
     for name, p in model.named_parameters():
+        if not p.requires_grad:  # a planted, frozen position code
+            continue
         is_matrix = p.ndim >= 2 and name.endswith("weight")
         (decay if is_matrix else no_decay).append(p)
     groups = [

@@ -1,0 +1,39 @@
+"""SAE causal test: do the positional latents carry the position the model uses?
+
+At each configured site (by default the original study's kind of early site and the probe block,
+both normalised residuals) an SAE, trained here unless given, is spliced into the model where
+the model reads: for a normalised site its edit is mapped back through the norm into the
+residual stream, so it reaches every later block. Edits: the top 4, 8, ..., all positional
+latents zeroed, each as the plain splice (the reconstruction with the edit) and "+error"
+(x + D(z') - D(z): only the edited latents move); the row and column latents alone, and the cell
+latents alone. Controls, all spliced "+error": uniform random latents, random latents matched on
+firing rate and activation mass (several draws, for every edited set), mean ablation, and
+resampling the positional latents from the same position in another image (should do nothing)
+or another position in the same image (should break position). Each edit is read as accuracy and
+correct-class margin (paired SE), RPI-SSDC at every site, and the exact/row/column probes at the
+SAE's site and the output: the intact model's fixed probes (what the model's representation
+lost) and probes refitted on the edit (what is left), clean and under RPI. The reconstruction
+alone measures the splicing confound. For an additive position table, the share of its variance
+that is row + column effects stands beside the kinds of latents found.
+"""
+
+from poslens.experiments.sae_causal.config import Config, applies
+from poslens.experiments.sae_causal.edits import matched_random, resample, set_to, spliced, zero
+from poslens.experiments.sae_causal.phases import position_table, run, run_site
+from poslens.experiments.sae_causal.result import SAECausal, SiteResult, headline
+
+__all__ = [
+    "Config",
+    "SAECausal",
+    "SiteResult",
+    "applies",
+    "headline",
+    "matched_random",
+    "position_table",
+    "resample",
+    "run",
+    "run_site",
+    "set_to",
+    "spliced",
+    "zero",
+]

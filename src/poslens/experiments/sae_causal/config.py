@@ -1,0 +1,94 @@
+"""The SAE causal test's configuration and where its SAEs sit."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from poslens.errors import ConfigError
+from poslens.experiments.config import ExperimentConfig
+from poslens.models.vit import ViT
+from poslens.sae.config import SAEConfig
+
+# sites entries: "early" is the normalised residual entering block round(2 * depth / 12), the
+# original study's block 2 of 12 scaled to the model's depth; "probe" the probe block's (where
+# the intact model's position probes peak, or analysis.probe_block), as the original placed its
+# SAE. Any other entry is a hook name.
+EARLY, PROBE = "early", "probe"
+
+
+@dataclass(frozen=True)
+class Config(ExperimentConfig):
+    # Where SAEs read, one test each. An SAE on a normalised residual is spliced at the residual
+    # the norm reads, so an edit reaches every later block (sae.metrics.splice).
+    sites: tuple[str, ...] = (EARLY, PROBE)
+    k: int = 16
+    expansion: int = 4
+    epochs: int = 5
+    train_images: int = 1000
+    doses: tuple[int, ...] = (4, 8, 16, 32)  # plus "all" positional latents
+
+    whiten: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.doses or any(not isinstance(d, int) or d < 1 for d in self.doses):
+            raise ConfigError(f"analysis.doses must be positive integers, got {self.doses!r}")
+        if not self.sites or any(not isinstance(s, str) or not s for s in self.sites):
+            raise ConfigError(
+                f"analysis.sites must be hook names, early or probe, got {self.sites!r}"
+            )
+        if self.train_images < 10:
+            raise ConfigError(f"analysis.train_images must be at least 10, got {self.train_images}")
+
+    def sae_config(self, site: str) -> SAEConfig:
+        return SAEConfig(
+            site=site,
+            k=self.k,
+            expansion=self.expansion,
+            epochs=self.epochs,
+            whiten=self.whiten,
+            seed=self.seed,
+        )
+
+
+def applies(model: ViT) -> str | None:
+    return None
+
+
+def normalised_hook(model: ViT, block: int) -> str:
+    """The normalised residual entering `block` (the final norm's output for the last site)."""
+    return (
+        "ln_final.hook_normalized"
+        if block == model.cfg.depth
+        else f"blocks.{block}.ln1.hook_normalized"
+    )
+
+
+def early_block(model: ViT) -> int:
+    """Block 2 of 12 scaled to this model's depth (at least 1, so that it follows a block)."""
+    return max(1, int(2 * model.cfg.depth / 12 + 0.5))
+
+
+def site_index(model: ViT, site: str) -> int:
+    """The residual site a hook belongs to: blocks.b.* -> b (b's input), ln_final -> out."""
+    if site.startswith("blocks."):
+        return int(site.split(".")[1])
+    return model.cfg.depth
+
+
+def resolve_sites(model: ViT, cfg: Config, probe_block: int) -> list[str]:
+    """cfg.sites as hook names (early and probe resolved), without repeats, in order."""
+    names = []
+    for s in cfg.sites:
+        if s == EARLY:
+            names.append(normalised_hook(model, min(early_block(model), model.cfg.depth)))
+        elif s == PROBE:
+            names.append(normalised_hook(model, probe_block))
+        elif s not in model.hook_names():
+            raise ConfigError(f"analysis.sites: {s!r} is not a hook of this model")
+        else:
+            names.append(s)
+    return list(dict.fromkeys(names))
+
+
+__all__ = ["EARLY", "PROBE", "Config", "applies", "early_block", "resolve_sites", "site_index"]

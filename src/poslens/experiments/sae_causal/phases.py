@@ -1,0 +1,197 @@
+"""The SAE causal test, phase by phase: the intact reference and its fixed probes, then per SAE
+site: train the SAE, find its positional latents, and read every edit against the controls."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from poslens.data import Task
+from poslens.experiments.conditions import Condition, floor_condition
+from poslens.experiments.readout import (
+    PROBE_KINDS,
+    Readout,
+    choose_probe_site,
+    eval_images,
+    measure,
+    site_labels,
+    summarise,
+)
+from poslens.experiments.sae_causal.config import Config, resolve_sites, site_index
+from poslens.experiments.sae_causal.edits import matched_random, resample, set_to, spliced, zero
+from poslens.experiments.sae_causal.result import SAECausal, SiteResult
+from poslens.metrics.stats import row_col_share
+from poslens.models.vit import ViT
+from poslens.precision import autocast
+from poslens.progress import track
+from poslens.sae.latents import PositionalLatents, find_positional_latents
+from poslens.sae.metrics import evaluate
+from poslens.sae.model import TopKSAE
+from poslens.sae.pipeline import patch_codes, training_images
+from poslens.sae.store import ActivationStore
+from poslens.sae.train import train_sae
+
+Planned = tuple[str, Condition, dict[str, Any]]  # name, condition, meta (family, group, n, draw)
+
+
+def conditions(
+    sae: TopKSAE, pl: PositionalLatents, codes: np.ndarray, cfg: Config
+) -> list[Planned]:
+    """Every edit at one SAE: the reconstruction alone; the top n positional latents zeroed for
+    each dose (plain and +error); the row and column latents alone and the cell latents alone;
+    uniform and matched random latents of each size (draws); mean ablation; resampling. All but
+    the plain splices carry the error term, so they differ only in which latents move."""
+    lat = pl.latents
+    out: list[Planned] = [
+        ("reconstruction", spliced(sae), {"family": "reconstruction", "group": "reconstruction"})
+    ]
+    if not len(lat):
+        return out
+    n_all = len(lat)
+    doses = sorted({d for d in cfg.doses if d < n_all} | {n_all})
+    rng = np.random.default_rng(cfg.seed)
+    non_pos = np.setdiff1d(np.arange(sae.d_sae), lat)
+
+    def controls(chosen: np.ndarray, n: int, group: str) -> list[Planned]:
+        """Uniform and matched random latents of the same count, each draw spliced +error."""
+        planned: list[Planned] = []
+        for d in range(cfg.draws):
+            meta = {"n": n, "draw": d}
+            uni = rng.choice(non_pos, size=min(n, len(non_pos)), replace=False)
+            uni_group = {"group": "uniform_all"} if group == "all" else {}
+            planned.append((f"uniform_{group}_{n}/{d}", spliced(sae, zero(uni), True),
+                            {"family": "uniform"} | uni_group | meta))  # fmt: skip
+            mat = matched_random(codes, chosen, n, seed=cfg.seed * 100 + d)
+            planned.append((f"matched_{group}_{n}/{d}", spliced(sae, zero(mat), True),
+                            {"family": f"matched_{group}", "group": f"matched_{group}"} | meta))  # fmt: skip
+        return planned
+
+    for n in doses:
+        top, is_all = lat[:n], n == n_all
+        plain = {"group": "zero_all"} if is_all else {}
+        err = {"group": "zero_all+error"} if is_all else {}
+        out.append((f"zero_{n}", spliced(sae, zero(top)), {"family": "positional", "n": n} | plain))
+        out.append((f"zero_{n}+error", spliced(sae, zero(top), True),
+                    {"family": "positional+error", "n": n} | err))  # fmt: skip
+        for name, cond, meta in controls(top, n, "all"):
+            if not is_all:
+                meta = {k: v for k, v in meta.items() if k != "group"}
+            out.append((name, cond, meta))
+    for kinds, group in ((("row", "col"), "rowcol"), (("cell",), "cell")):
+        chosen = lat[np.isin(pl.kind, kinds)]
+        if len(chosen):
+            n = len(chosen)
+            out.append((f"{group}+error", spliced(sae, zero(chosen), True),
+                        {"family": group, "group": f"{group}+error", "n": n}))  # fmt: skip
+            out += [c for c in controls(chosen, n, group) if c[2]["family"] != "uniform"]
+    mean_F = torch.as_tensor(codes.reshape(-1, codes.shape[-1]).mean(0), dtype=torch.float32)
+    meta = {"n": n_all}
+    out.append(("mean_all", spliced(sae, set_to(lat, mean_F), True),
+                {"family": "mean", "group": "mean_all"} | meta))  # fmt: skip
+    for how in ("other_image", "other_position"):
+        out.append((f"resample_{how}", spliced(sae, resample(lat, how, cfg.seed), True),
+                    {"family": f"resample_{how}", "group": f"resample_{how}"} | meta))  # fmt: skip
+    return out
+
+
+def probe_table(r: Readout, sites: list[int]) -> dict[str, np.ndarray]:
+    """kind -> [sites, 3] test accuracy of every kind of probe this readout has at `sites`."""
+    return {
+        kind: np.stack([r.probe_at(s, kind) for s in sites])
+        for kind in PROBE_KINDS
+        if all(r.has_probes(s, kind) for s in sites)
+    }
+
+
+def train_site_sae(model: ViT, data: Task, cfg: Config, site: str) -> TopKSAE:
+    """An SAE at `site` on fresh training images' activations (stored as float32)."""
+    with autocast(model, cfg.precision):
+        store = ActivationStore.from_model(model, training_images(data, cfg.train_images), site)
+    sae, _ = train_sae(store, cfg.sae_config(site), device=model.head.weight.device)
+    return sae
+
+
+def run_site(
+    model: ViT,
+    data: Task,
+    cfg: Config,
+    site: str,
+    base: Readout,
+    floor: Readout,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    progress: bool = False,
+    sae: TopKSAE | None = None,
+) -> SiteResult:
+    """Train (or take) an SAE at `site`, find its positional latents and run every edit; each is
+    read at the SAE's site and the output, with the intact model's fixed probes and refitted ones."""
+    idx = site_index(model, site)
+    probe_sites = sorted({idx, model.cfg.depth})
+    sae = sae or train_site_sae(model, data, cfg, site)
+    xv = data.split("val")[0][: cfg.probe_images]
+    with autocast(model, cfg.precision):
+        val_store = ActivationStore.from_model(model, xv, site)
+    quality = evaluate(sae, val_store)
+    codes = patch_codes(model, sae, xv)  # fp32: the SAE's codes go to numpy
+    pl = find_positional_latents(codes, *model.grid_of(xv[:1]))
+    fixed = base.fixed_probes()
+    results, probes = [], {}
+    for name, cond, meta in track(conditions(sae, pl, codes, cfg), f"sae_causal {site}", progress):
+        r = measure(model, x, y, cfg, cond, probe_sites=probe_sites, fixed=fixed)
+        results.append(summarise(name, r, base, floor, idx, meta))
+        probes[name] = probe_table(r, probe_sites)
+    probes["intact"] = probe_table(base, probe_sites)
+    assert base.probes is not None
+    probes["chance"] = {"refit": np.tile(np.array(base.probes.chance), (len(probe_sites), 1))}
+    return SiteResult(site, idx, probe_sites, quality, pl, results, probes)
+
+
+@torch.no_grad()
+def position_table(model: ViT, image: torch.Tensor) -> dict[str, float] | None:
+    """Row + column share of the additive position table the model adds (None without one),
+    read through hook_pos_embed on one image."""
+    if not model.cfg.uses_additive_pos:
+        return None
+    _, cache = model.run_with_cache(image[:1].to(model.head.weight.device), "hook_pos_embed")
+    gh, gw = model.grid_of(image[:1])
+    return row_col_share(cache["hook_pos_embed"][0].float().cpu().reshape(gh, gw, -1))
+
+
+def run(
+    model: ViT,
+    data: Task,
+    cfg: Config | None = None,
+    progress: bool = False,
+    saes: dict[str, TopKSAE] | None = None,
+) -> SAECausal:
+    """The causal test at every site in cfg.sites (SAEs trained here unless given by site)."""
+    cfg = cfg or Config()
+    resolve_sites(model, cfg, probe_block=0)  # ConfigError for a bad hook name before any work
+    x, y = eval_images(data, cfg)
+    all_sites = list(range(model.cfg.depth + 1))
+    base = measure(model, x, y, cfg, probe_sites=all_sites)
+    probe_block = cfg.probe_block if cfg.probe_block >= 0 else choose_probe_site(base)
+    sites = resolve_sites(model, cfg, probe_block)
+    floor_sites = sorted({site_index(model, s) for s in sites} | {model.cfg.depth})
+    floor = measure(
+        model, x, y, cfg, floor_condition(model), floor_sites, fixed=base.fixed_probes()
+    )
+    results = [
+        run_site(model, data, cfg, s, base, floor, x, y, progress, (saes or {}).get(s))
+        for s in sites
+    ]
+    return SAECausal(
+        posenc=model.cfg.posenc,
+        sites=site_labels(model),
+        probe_site=probe_block,
+        n_images=len(x),
+        probe_images=cfg.probe_images,
+        baseline=base.summary(),
+        results=results,
+        position_table=position_table(model, x),
+    )
+
+
+__all__ = ["conditions", "position_table", "run", "run_site"]

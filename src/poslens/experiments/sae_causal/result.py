@@ -1,0 +1,165 @@
+"""What the SAE causal test found: per SAE site the SAE's quality, its positional latents, every
+condition's readout, and the summary numbers the claim rests on."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from poslens.experiments.output import Header, Headline
+from poslens.experiments.readout import ConditionResult
+from poslens.metrics.probes import TARGETS
+from poslens.sae.latents import PositionalLatents
+
+# The readouts summarised per condition group (see SiteResult.summary).
+GROUPS = (
+    "reconstruction",
+    "zero_all",
+    "zero_all+error",
+    "uniform_all",
+    "matched_all",
+    "rowcol+error",
+    "matched_rowcol",
+    "cell+error",
+    "matched_cell",
+    "mean_all",
+    "resample_other_image",
+    "resample_other_position",
+)
+
+
+@dataclass(frozen=True)
+class SiteResult:
+    """The causal test at one SAE site.
+
+    probes: condition -> probe kind ("refit", "fixed", "refit_rpi", "fixed_rpi") -> test accuracy
+    [len(probe_sites), 3] (exact, row, col); "intact" and "chance" are there too.
+    """
+
+    site: str
+    site_index: int  # the residual site the hook belongs to
+    probe_sites: list[int]  # the SAE's site and the output
+    sae_quality: dict[str, float]
+    positional: PositionalLatents
+    conditions: list[ConditionResult]
+    probes: dict[str, dict[str, np.ndarray]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "site": self.site,
+            "site_index": self.site_index,
+            "probe_sites": self.probe_sites,
+            "sae_quality": self.sae_quality,
+            "positional_latents": self.positional.to_dict(),
+            "conditions": self.conditions,
+            "probes": self.probes,
+            "summary": self.summary(),
+        }
+
+    def family(self, family: str) -> list[ConditionResult]:
+        return [c for c in self.conditions if c.meta.get("family") == family]
+
+    def group(self, group: str) -> list[ConditionResult]:
+        """The conditions of one summary group (several for random draws)."""
+        return [c for c in self.conditions if c.meta.get("group") == group]
+
+    def dose_curve(
+        self, family: str, kind: str = "fixed"
+    ) -> tuple[list[int], list[float], list[ConditionResult]]:
+        """Doses, exact-probe accuracy at the site (mean over draws) and the conditions."""
+        by_n: dict[int, list[ConditionResult]] = {}
+        for c in self.family(family):
+            by_n.setdefault(c.meta["n"], []).append(c)
+        ns = sorted(by_n)
+        probe = [float(np.mean([self.probes[c.name][kind][0, 0] for c in by_n[n]])) for n in ns]
+        return ns, probe, [by_n[n][0] for n in ns]
+
+    def drop(self, name: str, kind: str, where: int) -> float:
+        """How far the exact probe of `kind` at probe site `where` (0: the SAE's site, -1: out)
+        fell toward chance: (intact - condition) / (intact - chance)."""
+        intact = self.probes["intact"][kind.replace("fixed", "refit")][where, 0]
+        chance = self.probes["chance"]["refit"][where, 0]
+        gap = intact - chance
+        return float((intact - self.probes[name][kind][where, 0]) / gap) if gap > 0 else 0.0
+
+    def summary(self) -> dict[str, Any]:
+        """Per condition group: the fixed and refitted exact probe's drop toward chance at the
+        site and the output, accuracy and margin changes with paired SE (means over draws), and
+        RPI-SSDC at the output; plus the positional latents found, by kind."""
+        out: dict[str, Any] = {"n_positional": len(self.positional.latents)}
+        out["kinds"] = self.positional.counts
+        for group in GROUPS:
+            cs = self.group(group)
+            if not cs:
+                continue
+            numbers = {
+                f"{kind}_drop_{where}": float(np.mean([self.drop(c.name, kind, i) for c in cs]))
+                for kind in ("fixed", "refit", "fixed_rpi")
+                for where, i in (("site", 0), ("out", -1))
+            }
+            for metric in ("d_accuracy", "d_margin"):
+                numbers[metric] = float(np.mean([getattr(c, metric).mean for c in cs]))
+                numbers[f"{metric}_se"] = float(np.mean([getattr(c, metric).se for c in cs]))
+            numbers["ssdc_out"] = float(np.mean([c.ssdc_rpi[-1] for c in cs]))
+            numbers["n_latents"] = float(cs[0].meta.get("n", 0))
+            numbers["draws"] = float(len(cs))
+            out[group] = numbers
+        return out
+
+
+@dataclass(frozen=True)
+class SAECausal(Header):
+    """The SAE causal test at every SAE site of one model (probe_site: where the intact model's
+    probes peak, the "probe" site). position_table: how much of an additive position table's
+    variance is row + column effects (None without one)."""
+
+    name: ClassVar[str] = "sae_causal"
+    baseline: dict[str, Any]
+    results: list[SiteResult]  # one per SAE site
+    position_table: dict[str, float] | None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {k: v for k, v in super().to_dict().items() if k != "results"}
+        return d | {"sae_sites": {r.site: r.to_dict() for r in self.results}}
+
+    def tables(self) -> dict[str, list[dict[str, Any]]]:
+        rows = []
+        for r in self.results:
+            for c in r.conditions:
+                row = {"sae_site": r.site} | c.row(self.sites, r.site_index)
+                for kind, acc in r.probes[c.name].items():
+                    for i, s in enumerate(r.probe_sites):
+                        row |= {
+                            f"{kind}_{t}@{self.sites[s]}": float(acc[i, j])
+                            for j, t in enumerate(TARGETS)
+                        }
+                rows.append(row)
+        return {"conditions": rows}
+
+    def plot(self) -> Figure:
+        from poslens.experiments.sae_causal.plots import plot
+
+        return plot(self)
+
+
+def headline(d: dict[str, Any]) -> Headline:
+    """Per SAE site ("<site>.<number>"): FVU, the positional latents by kind, and every summary
+    group's numbers ("<site>.<group>.<number>"); the position table's row + column share."""
+    out: Headline = {}
+    for site, r in d["sae_sites"].items():
+        s = r["summary"]
+        out[f"{site}.fvu"] = r["sae_quality"]["fvu"]
+        out[f"{site}.n_positional"] = float(s["n_positional"])
+        out |= {f"{site}.latents_{k}": float(n) for k, n in s["kinds"].items()}
+        for group in GROUPS:
+            for k, x in s.get(group, {}).items():
+                out[f"{site}.{group}.{k}"] = x
+    for k, x in (d.get("position_table") or {}).items():
+        out[f"table.{k}"] = x
+    return out
+
+
+__all__ = ["GROUPS", "SAECausal", "SiteResult", "headline"]
