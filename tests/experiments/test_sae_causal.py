@@ -101,11 +101,12 @@ def test_edits() -> None:
     assert (mean[..., [1, 3]] == 7).all()
 
 
-def test_matched_random_avoids_positional_and_matches_rate() -> None:
+def test_matched_random_draws_from_the_pool_and_matches_rate() -> None:
     rng = np.random.default_rng(0)
     rates = np.linspace(0.05, 0.9, 12)
     codes = (rng.random((50, 16, 12)) < rates).astype(float)
-    chosen = sae_causal.matched_random(codes, np.array([0, 11]), 2, seed=0)
+    pool = np.setdiff1d(np.arange(12), [0, 11])
+    chosen = sae_causal.matched_random(codes, np.array([0, 11]), pool, seed=0)
     assert len(chosen) == 2 and not set(chosen) & {0, 11}
     assert chosen[0] in (1, 2, 3) and chosen[1] in (8, 9, 10)  # nearest firing rates
 

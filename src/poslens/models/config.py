@@ -15,8 +15,12 @@ ROPE_LAYOUTS = ("interleaved", "half")
 ROPE_COORDS = ("index", "centered")
 POOLS = ("cls", "mean")
 APE_CODES = ("learned", "rowcol", "cell")
+ROPE_VARIANTS = ("standard", "oblique", "head_split")
+ROPE_BLOCKS = ("all", "first_half")
 # fields added after the first release, with the default that to_dict leaves out
-LATER_FIELDS = {"rope_coords": "index", "ape_code": "learned"}
+LATER_FIELDS = {
+    "rope_coords": "index", "ape_code": "learned", "rope_variant": "standard", "rope_blocks": "all"
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,13 @@ class ModelConfig:
     # an additive row + column code (a random vector per row plus one per column), "cell" one
     # random orthogonal direction per grid cell (no row or column structure).
     ape_code: str = "learned"
+    # Rotary calibration variants (see posenc.Rotary), for posenc "rope_axial": "standard",
+    # "oblique" (planes along the diagonals: no row/column split by construction), "head_split"
+    # (each head's planes follow one axis: axis-specialised heads by construction).
+    rope_variant: str = "standard"
+    # Which blocks rotate: "all", or "first_half" (blocks [0, depth // 2); later blocks cannot
+    # rebuild position through rotations, by construction).
+    rope_blocks: str = "all"
     # Learned APE init std. timm uses 0.02; on the default task (600 steps, batch 64) APE reached
     # 27% / 31% val accuracy with std 0.02 at lr 1e-3 / 3e-3, 49% / 16% with std 0.3.
     ape_init_std: float = 0.3
@@ -85,6 +96,15 @@ class ModelConfig:
         one_of("model.rope_layout", self.rope_layout, ROPE_LAYOUTS)
         one_of("model.rope_coords", self.rope_coords, ROPE_COORDS)
         one_of("model.ape_code", self.ape_code, APE_CODES)
+        one_of("model.rope_variant", self.rope_variant, ROPE_VARIANTS)
+        one_of("model.rope_blocks", self.rope_blocks, ROPE_BLOCKS)
+        if self.rope_variant != "standard" and self.posenc != "rope_axial":
+            raise ConfigError(
+                f"model.rope_variant {self.rope_variant!r} needs posenc 'rope_axial', got "
+                f"{self.posenc!r}"
+            )
+        if self.rope_blocks != "all" and not self.uses_rope:
+            raise ConfigError(f"model.rope_blocks needs a rotary posenc, got {self.posenc!r}")
         if self.ape_code != "learned" and self.posenc != "ape":
             raise ConfigError(
                 f"model.ape_code {self.ape_code!r} needs posenc 'ape', got {self.posenc!r}"

@@ -61,6 +61,12 @@ class Rotary(nn.Module):
     perpendicular, magnitudes theta^(-i / (P/2)).
     coords "index": (row, col) are 0-based patch indices; "centered" (DINOv3): 2 pi ((2 i + 1) / n - 1)
     per axis, so the coordinates span the same range on every grid.
+
+    Calibration variants of axial (a mechanism planted or removed by construction): "oblique"
+    turns every plane by 45 degrees (planes follow the diagonals: no row/column split);
+    "head_split" gives each head planes of one axis only (even heads the column, odd heads the
+    row), frequencies theta^(-i / P). blocks "first_half": rotations in blocks [0, depth // 2)
+    only (the angles of later blocks are zero: identity rotations).
     """
 
     def __init__(
@@ -71,16 +77,15 @@ class Rotary(nn.Module):
         head_dim: int,
         theta: float,
         coords: str = "index",
+        variant: str = "standard",
+        blocks: str = "all",
     ) -> None:
         super().__init__()
         self.kind, self.coords = kind, coords
         half = head_dim // 4  # planes per axis
         mag = theta ** (-torch.arange(half, dtype=torch.float32) / half)  # [P/2]
         if kind == "axial":
-            zeros = torch.zeros(half)
-            fx = torch.cat([mag, zeros])  # [P]
-            fy = torch.cat([zeros, mag])
-            self.register_buffer("freqs", torch.stack([fx, fy], -1)[None, None], persistent=False)
+            self.register_buffer("freqs", _axial(mag, heads, variant, theta), persistent=False)
         elif kind == "mixed":
             phi = torch.rand(depth, heads, 1) * 2 * math.pi  # [depth, H, 1]
             fx = torch.cat([mag * phi.cos(), mag * (phi + math.pi / 2).cos()], -1)  # [depth, H, P]
@@ -88,6 +93,9 @@ class Rotary(nn.Module):
             self.freqs = nn.Parameter(torch.stack([fx, fy], -1))  # [depth, H, P, 2]
         else:
             raise ValueError(f"unknown rotary kind {kind!r}")
+        rotated = torch.ones(depth) if blocks == "all" else (torch.arange(depth) < depth // 2)
+        # [depth, 1, 1, 1] when some blocks do not rotate, else None (angles shared by blocks)
+        self.block_mask = None if blocks == "all" else rotated.float()[:, None, None, None]
 
     def forward(self, gh: int, gw: int) -> torch.Tensor:
         """Angles [depth or 1, H or 1, gh*gw, P] in radians."""
@@ -96,7 +104,29 @@ class Rotary(nn.Module):
             row = 2 * math.pi * ((2 * row + 1) / gh - 1)
             col = 2 * math.pi * ((2 * col + 1) / gw - 1)
         fx, fy = self.freqs[..., 0], self.freqs[..., 1]  # [depth|1, H|1, P]
-        return col[:, None] * fx[..., None, :] + row[:, None] * fy[..., None, :]
+        angles = col[:, None] * fx[..., None, :] + row[:, None] * fy[..., None, :]
+        if self.block_mask is not None:
+            angles = angles * self.block_mask.to(angles.device)
+        return angles
+
+
+def _axial(mag: torch.Tensor, heads: int, variant: str, theta: float) -> torch.Tensor:
+    """Axial frequencies [1, 1 or H, P, 2] (fx multiplies the column, fy the row)."""
+    half = len(mag)
+    zeros = torch.zeros(half)
+    if variant == "head_split":  # every plane of a head follows one axis
+        one_axis = theta ** (-torch.arange(2 * half, dtype=torch.float32) / (2 * half))  # [P]
+        none = torch.zeros(2 * half)
+        per_head = [
+            torch.stack([one_axis, none], -1) if h % 2 == 0 else torch.stack([none, one_axis], -1)
+            for h in range(heads)
+        ]
+        return torch.stack(per_head)[None]  # [1, H, P, 2]
+    fx, fy = torch.cat([mag, zeros]), torch.cat([zeros, mag])  # [P]: column planes, then row
+    if variant == "oblique":  # the same planes turned by 45 degrees: along the two diagonals
+        c = math.sqrt(0.5)
+        fx, fy = c * (fx - fy), c * (fx + fy)
+    return torch.stack([fx, fy], -1)[None, None]
 
 
 def rotary_table(angles: torch.Tensor, num_prefix: int) -> torch.Tensor:

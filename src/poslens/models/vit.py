@@ -147,6 +147,8 @@ class ViT(HookedModule):
                 cfg.head_dim,
                 cfg.rope_theta,
                 cfg.rope_coords,
+                cfg.rope_variant,
+                cfg.rope_blocks,
             )
             if cfg.uses_rope
             else None
@@ -182,7 +184,8 @@ class ViT(HookedModule):
             )
         elif self.pos_embed is not None:  # a planted code, frozen: see ModelConfig.ape_code
             with torch.no_grad():
-                self.pos_embed.copy_(planted_code(self.cfg.ape_code, self.cfg.grid, self.cfg.dim))
+                code = planted_code(self.cfg.ape_code, self.cfg.grid, self.cfg.dim)
+                self.pos_embed.copy_(code * self.cfg.ape_init_std)  # the learned table's scale
             self.pos_embed.requires_grad_(False)
 
     def grid_of(self, x: torch.Tensor) -> tuple[int, int]:
@@ -267,7 +270,7 @@ class ViT(HookedModule):
 
 def planted_code(kind: str, grid: int, dim: int) -> torch.Tensor:
     """A position table [1, grid*grid, dim] with a structure known by construction (unit variance
-    per entry, drawn from torch's generator): "rowcol" r[row] + c[col] (additive), "cell" one
+    per entry, drawn from torch's generator; the model scales it by ape_init_std): "rowcol" r[row] + c[col] (additive), "cell" one
     random orthogonal direction per cell (orthonormal rows while grid^2 <= dim)."""
     n = grid * grid
     if kind == "rowcol":

@@ -1,14 +1,17 @@
 """Positional latents: which SAE latents fire by where a token is rather than what it shows.
 
 From codes [N_images, T, F] of the patch tokens (T = gh * gw, row-major):
-- per position, the mean code there minus its mean elsewhere (`position_score` [T, F]);
-- candidates: the top latents of every position; each gets its G x G mean map;
-- selectivity: row = max row mean / overall mean (G for a perfect row latent, 1 for a flat one),
-  column likewise, cell = max cell mean / overall mean;
-- per row the candidate most selective for that row, per column likewise: their union is the
-  positional set; every positional latent is also classified by where its map's mass sits:
-  "cell" (one position holds at least CELL_SHARE of it), "row" / "col" (one row / column holds at
-  least LINE_SHARE and the other axis does not), or "mixed".
+- per latent, `eta` = the share of its activation variance (over all patch tokens) explained by
+  position: var over positions of its mean code at each position / its total variance. 1 for a
+  latent that fires by position alone, about 0 for a content latent;
+- the positional set: every latent with eta >= POSITIONAL_ETA that fires on at least MIN_RATE of
+  the tokens, strongest first. Duplicates count: an SAE may spread one row over several latents,
+  and zeroing only the best one per row leaves the others carrying it;
+- each positional latent's G x G mean map, classified by where its mass sits: "cell" (one
+  position holds at least CELL_SHARE of it), "row" / "col" (one row / column holds at least
+  LINE_SHARE and the other axis does not), or "mixed"; and its row, column and cell selectivity
+  (max row mean / overall mean: G for a perfect row latent, 1 for a flat one);
+- controls are drawn from the non-positional latents (eta < NON_POSITIONAL_ETA).
 A small model may factor position into cell latents instead of row and column latents (see
 `../shared/NOTES.md`); `counts` says which kind was found.
 """
@@ -19,28 +22,37 @@ from dataclasses import dataclass
 
 import numpy as np
 
+POSITIONAL_ETA = 0.5  # position explains at least half of a positional latent's variance
+NON_POSITIONAL_ETA = 0.1  # ... and at most a tenth of a control latent's
+MIN_RATE = 0.002  # a latent must fire on this share of tokens to be judged at all
 CELL_SHARE = 0.5  # a latent with half its mass on one position is a cell latent
 LINE_SHARE = 0.6  # ... with this share on one row (column) and less on any column (row): row (col)
+KINDS = ("row", "col", "cell", "mixed")
 
 
 @dataclass(frozen=True)
 class PositionalLatents:
-    """The positional set of an SAE, ordered by positional score (strongest first)."""
+    """The positional set of an SAE, ordered by eta (most positional first)."""
 
     latents: np.ndarray  # [P] latent indices
     kind: np.ndarray  # [P] "row" | "col" | "cell" | "mixed"
-    score: np.ndarray  # [P] max over positions of (mean there - mean elsewhere)
+    score: np.ndarray  # [P] eta: share of the latent's variance explained by position
     maps: np.ndarray  # [P, gh, gw] mean code per position
     row_selectivity: np.ndarray  # [P]
     col_selectivity: np.ndarray  # [P]
     cell_selectivity: np.ndarray  # [P]
-    best_row: np.ndarray  # [gh] latent most selective for each row (-1: none fires)
+    best_row: np.ndarray  # [gh] the row latent most selective for each row (-1: none)
     best_col: np.ndarray  # [gw]
-    candidates: np.ndarray  # all latents considered
+    non_positional: np.ndarray  # latents with eta < NON_POSITIONAL_ETA: the controls' pool
+    eta: np.ndarray  # [F] every latent's eta (NaN for latents that never fire)
 
     @property
     def counts(self) -> dict[str, int]:
-        return {k: int((self.kind == k).sum()) for k in ("row", "col", "cell", "mixed")}
+        return {k: int((self.kind == k).sum()) for k in KINDS}
+
+    def of_kind(self, *kinds: str) -> np.ndarray:
+        """The positional latents of the given kinds, strongest first."""
+        return self.latents[np.isin(self.kind, kinds)]
 
     def verdict(self) -> str:
         """One line: which kind of positional code this SAE found."""
@@ -69,7 +81,11 @@ class PositionalLatents:
             "best_col": self.best_col.tolist(),
             "counts": self.counts,
             "verdict": self.verdict(),
-            "n_candidates": len(self.candidates),
+            "n_non_positional": len(self.non_positional),
+            "thresholds": {
+                "positional_eta": POSITIONAL_ETA,
+                "non_positional_eta": NON_POSITIONAL_ETA,
+            },
         }
 
 
@@ -78,6 +94,16 @@ def position_score(mean_TF: np.ndarray) -> np.ndarray:
     T = mean_TF.shape[0]
     elsewhere = (mean_TF.sum(0, keepdims=True) - mean_TF) / (T - 1)
     return mean_TF - elsewhere
+
+
+def position_eta(codes_NTF: np.ndarray) -> np.ndarray:
+    """[F]: share of each latent's variance over all patch tokens that its per-position mean
+    explains (the correlation ratio eta^2 with position as the factor); NaN where it never varies."""
+    flat = codes_NTF.reshape(-1, codes_NTF.shape[-1]).astype(np.float64)
+    total = flat.var(0)
+    between = codes_NTF.mean(0, dtype=np.float64).var(0)  # [F]: over positions (equal counts)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(total > 0, between / np.where(total > 0, total, 1.0), np.nan)
 
 
 def _classify(maps_PGG: np.ndarray) -> np.ndarray:
@@ -95,50 +121,42 @@ def _classify(maps_PGG: np.ndarray) -> np.ndarray:
     )
 
 
-def find_positional_latents(
-    codes_NTF: np.ndarray, gh: int, gw: int, top_per_position: int = 3
-) -> PositionalLatents:
+def find_positional_latents(codes_NTF: np.ndarray, gh: int, gw: int) -> PositionalLatents:
     """The positional set from patch-token codes [N_images, gh*gw, F] (all >= 0)."""
     _, T, F = codes_NTF.shape
     if T != gh * gw:
         raise ValueError(f"{T} tokens do not fit a {gh}x{gw} grid")
-    mean_TF = codes_NTF.mean(0, dtype=np.float64)
-    score_TF = position_score(mean_TF)
-    k = min(top_per_position, F)
-    candidates = np.unique(np.argsort(-score_TF, axis=1)[:, :k])
-    candidates = candidates[score_TF[:, candidates].max(0) > 0]
-    maps = mean_TF[:, candidates].T.reshape(-1, gh, gw)  # [C, gh, gw]
+    eta = position_eta(codes_NTF)
+    rate = (codes_NTF > 0).reshape(-1, F).mean(0)
+    fires = (rate >= MIN_RATE) & np.isfinite(eta)
+    positional = np.flatnonzero(fires & (np.nan_to_num(eta) >= POSITIONAL_ETA))
+    positional = positional[np.argsort(-eta[positional], kind="stable")]
+    non_positional = np.flatnonzero(~fires | (np.nan_to_num(eta) < NON_POSITIONAL_ETA))
+    maps = codes_NTF.mean(0, dtype=np.float64)[:, positional].T.reshape(-1, gh, gw)  # [P, gh, gw]
     overall = np.maximum(maps.mean((1, 2)), 1e-12)
-    row_sel = maps.mean(2).max(1) / overall
-    col_sel = maps.mean(1).max(1) / overall
+    row_sel, col_sel = maps.mean(2).max(1) / overall, maps.mean(1).max(1) / overall
     cell_sel = maps.max((1, 2)) / overall
-    # per row: among candidates whose strongest row is this row, the most row-selective
-    best_row = np.full(gh, -1)
-    best_col = np.full(gw, -1)
+    kinds = _classify(maps) if len(positional) else np.array([], dtype="<U5")
+    best_row, best_col = np.full(gh, -1), np.full(gw, -1)
     strongest_row, strongest_col = maps.mean(2).argmax(1), maps.mean(1).argmax(1)
-    for r in range(gh):
-        idx = np.flatnonzero(strongest_row == r)
-        if len(idx):
-            best_row[r] = idx[np.argmax(row_sel[idx])]
-    for c in range(gw):
-        idx = np.flatnonzero(strongest_col == c)
-        if len(idx):
-            best_col[c] = idx[np.argmax(col_sel[idx])]
-    chosen = np.unique(np.concatenate([best_row[best_row >= 0], best_col[best_col >= 0]]))
-    # add cell latents: the single-position specialists among the candidates
-    kinds_all = _classify(maps)
-    chosen = np.union1d(chosen, np.flatnonzero(kinds_all == "cell"))
-    peak = score_TF[:, candidates].max(0)
-    chosen = chosen[np.argsort(-peak[chosen], kind="stable")]
+    for best, strongest, sel, kind in (
+        (best_row, strongest_row, row_sel, "row"),
+        (best_col, strongest_col, col_sel, "col"),
+    ):  # per row (column): among latents of that kind whose strongest row it is, the most selective
+        for r in range(len(best)):
+            idx = np.flatnonzero((strongest == r) & (kinds == kind))
+            if len(idx):
+                best[r] = positional[idx[np.argmax(sel[idx])]]
     return PositionalLatents(
-        latents=candidates[chosen],
-        kind=kinds_all[chosen],
-        score=peak[chosen],
-        maps=maps[chosen],
-        row_selectivity=row_sel[chosen],
-        col_selectivity=col_sel[chosen],
-        cell_selectivity=cell_sel[chosen],
-        best_row=np.where(best_row >= 0, candidates[np.maximum(best_row, 0)], -1),
-        best_col=np.where(best_col >= 0, candidates[np.maximum(best_col, 0)], -1),
-        candidates=candidates,
+        latents=positional,
+        kind=kinds,
+        score=eta[positional],
+        maps=maps,
+        row_selectivity=row_sel,
+        col_selectivity=col_sel,
+        cell_selectivity=cell_sel,
+        best_row=best_row,
+        best_col=best_col,
+        non_positional=non_positional,
+        eta=eta,
     )

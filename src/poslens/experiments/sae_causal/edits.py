@@ -63,16 +63,17 @@ def resample(latents: np.ndarray, how: str, seed: int) -> Edit:
     return edit
 
 
-def matched_random(codes_NTF: np.ndarray, positional: np.ndarray, n: int, seed: int) -> np.ndarray:
-    """n non-positional latents matched one by one to the first n of `positional` on firing rate
-    and mean activation (mass): each picks at random among its 3 nearest unused ones."""
+def matched_random(
+    codes_NTF: np.ndarray, targets: np.ndarray, pool: np.ndarray, seed: int
+) -> np.ndarray:
+    """One latent of `pool` per latent of `targets`, matched on firing rate and mean activation
+    (mass): each picks at random among its 3 nearest unused ones (fewer when the pool runs out)."""
     flat = codes_NTF.reshape(-1, codes_NTF.shape[-1])
     rate, mass = (flat > 0).mean(0), flat.mean(0)
     feats = np.stack([np.log(rate + 1e-6), np.log(mass + 1e-9)], axis=1)
-    pool = np.setdiff1d(np.arange(flat.shape[1]), positional)
     rng = np.random.default_rng(seed)
     chosen: list[int] = []
-    for lat in positional[:n]:
+    for lat in targets:
         free = np.setdiff1d(pool, chosen)
         if not len(free):
             break

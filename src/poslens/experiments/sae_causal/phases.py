@@ -52,20 +52,21 @@ def conditions(
     n_all = len(lat)
     doses = sorted({d for d in cfg.doses if d < n_all} | {n_all})
     rng = np.random.default_rng(cfg.seed)
-    non_pos = np.setdiff1d(np.arange(sae.d_sae), lat)
+    pool = pl.non_positional  # controls come from latents position explains little of
 
     def controls(chosen: np.ndarray, n: int, group: str) -> list[Planned]:
         """Uniform and matched random latents of the same count, each draw spliced +error."""
         planned: list[Planned] = []
         for d in range(cfg.draws):
             meta = {"n": n, "draw": d}
-            uni = rng.choice(non_pos, size=min(n, len(non_pos)), replace=False)
+            uni = rng.choice(pool, size=min(n, len(pool)), replace=False)
             uni_group = {"group": "uniform_all"} if group == "all" else {}
             planned.append((f"uniform_{group}_{n}/{d}", spliced(sae, zero(uni), True),
-                            {"family": "uniform"} | uni_group | meta))  # fmt: skip
-            mat = matched_random(codes, chosen, n, seed=cfg.seed * 100 + d)
+                            {"family": "uniform", "edited": len(uni)} | uni_group | meta))  # fmt: skip
+            mat = matched_random(codes, chosen, pool, seed=cfg.seed * 100 + d)
             planned.append((f"matched_{group}_{n}/{d}", spliced(sae, zero(mat), True),
-                            {"family": f"matched_{group}", "group": f"matched_{group}"} | meta))  # fmt: skip
+                            {"family": f"matched_{group}", "group": f"matched_{group}",
+                             "edited": len(mat)} | meta))  # fmt: skip
         return planned
 
     for n in doses:
@@ -80,7 +81,7 @@ def conditions(
                 meta = {k: v for k, v in meta.items() if k != "group"}
             out.append((name, cond, meta))
     for kinds, group in ((("row", "col"), "rowcol"), (("cell",), "cell")):
-        chosen = lat[np.isin(pl.kind, kinds)]
+        chosen = pl.of_kind(*kinds)
         if len(chosen):
             n = len(chosen)
             out.append((f"{group}+error", spliced(sae, zero(chosen), True),

@@ -105,6 +105,10 @@ class SiteResult:
                 numbers[f"{metric}_se"] = float(np.mean([getattr(c, metric).se for c in cs]))
             numbers["ssdc_out"] = float(np.mean([c.ssdc_rpi[-1] for c in cs]))
             numbers["n_latents"] = float(cs[0].meta.get("n", 0))
+            # latents actually edited (a control's pool may hold fewer than asked for)
+            numbers["n_edited"] = float(
+                np.mean([c.meta.get("edited", c.meta.get("n", 0)) for c in cs])
+            )
             numbers["draws"] = float(len(cs))
             out[group] = numbers
         return out
