@@ -159,7 +159,7 @@ def cases(tmp: Path, ck: dict[str, Path]) -> list[Case]:
     report_dirs = {}
     for name, text in {
         "empty": "{}",
-        "nan": '{"schema": "poslens.study/1", "config": {"seeds": NaN}}',
+        "nan": '{"schema": "poslens.study/2", "config": {"seeds": NaN}}',
         "deep": "[" * 100_000 + "]" * 100_000,
         "list": "[1, 2]",
     }.items():

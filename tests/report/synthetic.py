@@ -177,7 +177,7 @@ def make_study(out_dir: Path) -> dict[str, Any]:
     ]
     stages.append({"stage": "aggregate", "model": None, "seed": None, "seconds": 0.4})
     return {
-        "schema": "poslens.study/1",
+        "schema": "poslens.study/2",
         "poslens_version": "0.1.0",
         "created": "2026-11-30T02:10:00Z",
         "config": {
@@ -207,6 +207,39 @@ def make_valid_study(out_dir: Path) -> dict[str, Any]:
     res = make_study(out_dir)
     res["config"] |= {"probe_images": 100, "batch_size": 50, "only": [], "device": "cpu"}
     res["environment"] |= {"numpy": "2.0", "platform": "Linux", "machine": "x86_64", "jobs": 1}
+    res["environment"]["cpu"] = {"model": "Test CPU", "extensions": ["avx2"]}
+    test = {"n": 5, "mean": 0.4, "ci": [0.3, 0.5], "p": 0.01, "values": [0.3, 0.35, 0.4, 0.45, 0.5]}
+    for c in res["claims"]:
+        c["primary"] = {
+            "effect": "an effect",
+            "threshold": 0.25,
+            "models": {m: test | {"p_holm": 0.02, "detected": True} for m in c["models"]},
+        }
+        c["calibration"] = {
+            "controls": [
+                {
+                    "model": "ape_rowcol",
+                    "role": "positive",
+                    "test": test,
+                    "detected": True,
+                    "enough_seeds": True,
+                    "seeds_above_threshold": 5,
+                    "as_designed": True,
+                }
+            ],
+            "sensitivity": 1.0,
+            "specificity": None,
+            "complete": False,
+            "passed": False,
+        }
+        c["would_change"] = "A smaller effect."
+        c["reference"] = {
+            "original_verdict": "supported",
+            "effect": 0.33,
+            "rule_verdict": "supported",
+            "agrees": True,
+            "note": "published numbers",
+        }
     for m in res["models"].values():
         m["aggregate"]["depth_profile"].pop("by_site")
         for run in m["runs"]:

@@ -234,6 +234,7 @@ def test_markdown_has_claims_table_and_image_links(study: tuple[Path, dict[str, 
     sections = [ln for ln in lines if ln.startswith("## ")]
     assert sections == [
         "## Claims",
+        "## Calibration",
         "## Setup",
         "## depth_profile",
         "## windows",

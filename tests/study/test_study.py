@@ -15,7 +15,6 @@ from poslens.cli import main
 from poslens.errors import ConfigError
 from poslens.study import StudyConfig, preset, run_study
 from poslens.study.aggregate import aggregate, mean_se
-from poslens.study.claims import INCONCLUSIVE, NOT_SUPPORTED, SUPPORTED, ape_features, rope_split
 
 TINY_STUDY = StudyConfig(
     preset="quick",
@@ -228,104 +227,6 @@ def test_mean_se_and_missing_values() -> None:
     assert aggregate(runs, ["e", "f"]) == {
         "e": {"a": {"mean": 1.0, "se": None, "n": 1, "values": [1.0]}}
     }
-
-
-def _models(agg: dict[str, dict[str, list[float]]], posenc: str, seeds: int) -> dict[str, Any]:
-    """A models entry whose aggregate holds the given per-seed values."""
-    return {
-        posenc: {
-            "posenc": posenc,
-            "runs": [{"seed": s, "experiments": {e: {} for e in agg}} for s in range(seeds)],
-            "aggregate": {e: {k: mean_se(v) for k, v in keys.items()} for e, keys in agg.items()},
-        }
-    }
-
-
-def _split_numbers(
-    kept: float, rand: float, axis_acc: float = 0.5, seeds: int = 2
-) -> dict[str, Any]:
-    """Probe accuracies with intact 0.5 and floor 0.125: `kept` / `rand` are the retentions of
-    the other axis under axis removal / of both axes under random planes."""
-    lo, gap = 0.125, 0.375
-    pr = {
-        "axis_row.retention_probe_col": [kept] * seeds,
-        "axis_row.retention_probe_row": [0.0] * seeds,
-        "axis_col.retention_probe_row": [kept] * seeds,
-        "axis_row.probe_col": [lo + kept * gap] * seeds,
-        "axis_col.probe_row": [lo + kept * gap] * seeds,
-        "random_4.probe_col": [lo + rand * gap] * seeds,
-        "random_4.probe_row": [lo + rand * gap] * seeds,
-        "intact.probe_col": [lo + gap] * seeds, "intact.probe_row": [lo + gap] * seeds,
-        "floor.probe_col": [lo] * seeds, "floor.probe_row": [lo] * seeds,
-        "axis_row.accuracy": [axis_acc] * seeds,
-        "axis_col.accuracy": [axis_acc] * seeds,
-        "random_4.accuracy": [0.9] * seeds,
-        "random_4.accuracy_se": [0.02] * seeds,
-        "intact.accuracy": [1.0] * seeds,
-        "floor.accuracy": [0.25] * seeds,
-    }  # fmt: skip
-    axis = {"row_planes_per_head": [4.0] * seeds, "fraction_axis_aligned": [1.0] * seeds}
-    return _models({"position_removal": pr, "axis_map": axis}, "rope_axial", seeds)
-
-
-def test_rope_split_verdict_follows_the_controls() -> None:
-    ok = rope_split(_split_numbers(0.9, 0.4))
-    assert ok["verdict"] == SUPPORTED and not any("no more accuracy" in c for c in ok["caveats"])
-    # the other axis lost too: not a clean split
-    assert rope_split(_split_numbers(0.2, 0.1))["verdict"] == NOT_SUPPORTED
-    # random planes of the same count spare the axes as well: nothing specific to the split
-    assert rope_split(_split_numbers(0.9, 0.95))["verdict"] == NOT_SUPPORTED
-    # accuracy no worse than random planes: still a split, but said in a caveat
-    same_acc = rope_split(_split_numbers(0.9, 0.4, axis_acc=0.89))
-    assert same_acc["verdict"] == SUPPORTED
-    assert any("no more accuracy" in c for c in same_acc["caveats"])
-    one = rope_split(_split_numbers(0.9, 0.4, seeds=1))
-    assert one["verdict"] == INCONCLUSIVE and any("seed" in c for c in one["caveats"])
-
-
-def test_ape_verdict_names_cell_latents() -> None:
-    site = "blocks.0.hook_resid_pre"
-    sae = {
-        f"{site}.n_positional": [64.0, 64.0], f"{site}.latents_row": [0.0, 0.0],
-        f"{site}.latents_col": [0.0, 0.0], f"{site}.latents_cell": [64.0, 64.0],
-        f"{site}.probe_causal": [1.0, 1.0], f"{site}.task_causal": [0.0, 0.0],
-        f"{site}.zero_all+error.probe_drop_site": [0.9, 0.8],
-        f"{site}.zero_all+error.d_accuracy": [-0.01, 0.0],
-        f"{site}.matched_all.probe_drop_site": [0.1, 0.05],
-        f"{site}.matched_all.d_accuracy": [0.0, 0.0], f"{site}.recon.d_accuracy": [0.0, 0.0],
-    }  # fmt: skip
-    claim = ape_features(_models({"sae_causal": sae}, "ape", 2))
-    assert claim["verdict"] == NOT_SUPPORTED and "cell" in claim["summary"]
-    sae[f"{site}.latents_row"] = sae[f"{site}.latents_col"] = [8.0, 8.0]
-    assert ape_features(_models({"sae_causal": sae}, "ape", 2))["verdict"] == SUPPORTED
-    sae[f"{site}.probe_causal"] = [1.0, 0.0]  # one seed fails: not supported
-    assert ape_features(_models({"sae_causal": sae}, "ape", 2))["verdict"] == NOT_SUPPORTED
-
-
-def test_heads_verdict_needs_held_out_rebuilders_linked_to_specialization() -> None:
-    from poslens.study.claims import heads_rebuild
-
-    rb = "rebuilding/head"
-    h = {
-        "heads_total": [24.0, 24.0], "specialized_heads": [6.0, 5.0], "row_heads": [3.0, 3.0],
-        "col_heads": [3.0, 2.0], "max_abs_specialization": [0.9, 0.8],
-        f"{rb}.held_out.excess": [0.5, 0.4], f"{rb}.held_out.se": [0.1, 0.1],
-        f"{rb}.rebuilders.n": [3.0, 2.0], f"{rb}.tests": [4.0, 4.0],
-        f"{rb}.expected_false_positives": [0.09, 0.09],
-        "consistency/rebuild_vs_abs_spec/head.pearson": [0.6, 0.5],
-        "block_control.later_after_window": [2.0, 2.0], "block_control.later_intact": [1.0, 1.0],
-        "block_control.compensation": [1.0, 1.0],
-    }  # fmt: skip
-    assert heads_rebuild(_models({"heads": h}, "rope_axial", 2))["verdict"] == SUPPORTED
-    h[f"{rb}.held_out.excess"] = [0.5, 0.1]  # second seed within 2 SE: no rebuilder there
-    claim = heads_rebuild(_models({"heads": h}, "rope_axial", 2))
-    assert claim["verdict"] == NOT_SUPPORTED and "no rebuilder" in claim["summary"]
-    h[f"{rb}.held_out.excess"] = [0.5, 0.4]
-    h["consistency/rebuild_vs_abs_spec/head.pearson"] = [-0.2, -0.1]
-    assert heads_rebuild(_models({"heads": h}, "rope_axial", 2))["verdict"] == NOT_SUPPORTED
-    h["specialized_heads"] = [0.0, 2.0]
-    claim = heads_rebuild(_models({"heads": h}, "rope_axial", 2))
-    assert claim["verdict"] == NOT_SUPPORTED and "specialized" in claim["summary"]
 
 
 def test_train_set_items_can_target_one_encoding() -> None:

@@ -174,7 +174,8 @@ def mean_condition(conds: list[ConditionResult], n: int) -> ConditionResult:
 
 
 def random_summary(conds: list[ConditionResult]) -> dict[str, dict[str, float]]:
-    """Mean and SE over draws of each random_n condition's accuracy, margin and probes."""
+    """Mean and SE over draws of each random_n condition's accuracy, margin, refitted probes and
+    every probe retention (refitted and fixed, clean and under RPI)."""
     out = {}
     for n in random_ns(conds):
         draws = [c for c in conds if c.meta.get("kind") == "random" and c.meta["n"] == n]
@@ -183,6 +184,9 @@ def random_summary(conds: list[ConditionResult]) -> dict[str, dict[str, float]]:
         if draws[0].probe is not None:
             for j, t in enumerate(TARGETS):
                 values[f"probe_{t}"] = [float(c.probe[j]) for c in draws if c.probe is not None]
+        for key in draws[0].retention:
+            if key.startswith("probe"):
+                values[f"retention_{key}"] = [c.retention[key] for c in draws]
         out[f"random_{n}"] = {
             **{k: float(np.mean(v)) for k, v in values.items()},
             **{f"{k}_se": sem(v) for k, v in values.items()},
@@ -238,5 +242,11 @@ def headline(d: dict[str, Any]) -> Headline:
     for name, s in d.get("random_summary", {}).items():
         out[f"{name}.accuracy"] = s["accuracy"]
         out[f"{name}.accuracy_se"] = s["accuracy_se"]
+        out[f"{name}.margin"] = s["margin"]
         out |= {f"{name}.probe_{t}": s[f"probe_{t}"] for t in TARGETS if f"probe_{t}" in s}
+        out |= {
+            f"{name}.{k}": v
+            for k, v in s.items()
+            if k.startswith("retention_") and not k.endswith("_se")
+        }
     return out

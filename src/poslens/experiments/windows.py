@@ -31,6 +31,7 @@ from poslens.experiments.readout import (
     summarise,
 )
 from poslens.interventions import axis_map
+from poslens.metrics import PairedDiff, paired_diff
 from poslens.metrics.probes import TARGETS
 from poslens.models.vit import ViT
 from poslens.progress import track
@@ -151,11 +152,37 @@ def _all(model: ViT) -> torch.Tensor:
 
 
 @dataclass(frozen=True)
+class Compensation:
+    """Do the blocks after a prefix window add more when rotations were withheld before them than
+    they add in the intact model? In correct-class margin, paired over the same images:
+    (prefix_k - floor) - (intact - suffix_{k+1}). Zero when early and late rotations add up
+    independently; positive when the later blocks compensate (NOTES.md, "redundancy vs
+    compensation"). relative: the compensation as a share of intact - floor."""
+
+    k: int  # last withheld block
+    added_after_window: float  # mean margin: prefix_k - floor (later blocks rotate, early not)
+    added_anyway: float  # mean margin: intact - suffix_{k+1} (later blocks' own contribution)
+    compensation: PairedDiff
+    span: float  # mean margin: intact - floor
+    relative: float
+
+
+def compensation(k: int, m: dict[str, np.ndarray]) -> Compensation:
+    """The compensation test of the prefix window ending at block k, from per-image margins."""
+    after, anyway = m[f"prefix_{k}"] - m["floor"], m["intact"] - m[f"suffix_{k + 1}"]
+    d = paired_diff(after - anyway, np.zeros_like(after))
+    span = float((m["intact"] - m["floor"]).mean())
+    rel = d.mean / span if abs(span) > 1e-12 else float("nan")
+    return Compensation(k, float(after.mean()), float(anyway.mean()), d, span, rel)
+
+
+@dataclass(frozen=True)
 class Windows(Header):
     name: ClassVar[str] = "windows"
     baseline: dict[str, Any]  # accuracy, margin, ssdc_rpi [sites], probes [sites, 3]
     floor: dict[str, Any]
     windows: list[Window]
+    compensation: list[Compensation]  # every prefix window whose suffix control was run
 
     def derived(self) -> dict[str, Any]:
         return {"onset_fraction": ONSET_FRACTION}
@@ -245,15 +272,18 @@ def run(model: ViT, data: Task, cfg: Config | None = None, progress: bool = Fals
     all_sites = list(range(model.cfg.depth + 1))
     ref = None
     windows: list[Window] = []
+    margins: dict[str, np.ndarray] = {}  # per-image margins, for the compensation test
     for item in track([None, *conds], "windows", progress):
         if item is None:
             ref = reference(model, x, y, cfg)
+            margins |= {"intact": ref.base.margin, "floor": ref.floor.margin}
             continue
         assert ref is not None
         name, kind, blocks, cond, draw = item
         curves = cfg.probe_curves and kind in CURVE_KINDS
         sites = all_sites if curves else [ref.probe_site]
         r = measure(model, x, y, cfg, cond, probe_sites=sites, fixed=ref.fixed)
+        margins[name] = r.margin
         meta = {"kind": kind, "first": blocks[0], "last": blocks[-1], "draw": draw}
         res = summarise(name, r, ref.base, ref.floor, ref.probe_site, meta)
         onset, half = recovery(r.ssdc_rpi, ref.base.ssdc_rpi, ref.floor.ssdc_rpi, blocks[-1])
@@ -270,6 +300,8 @@ def run(model: ViT, data: Task, cfg: Config | None = None, progress: bool = Fals
             )
         )
     assert ref is not None
+    ks = sorted(w.blocks[-1] for w in windows if w.kind == "prefix")
+    comp = [compensation(k, margins) for k in ks if f"suffix_{k + 1}" in margins]
     return Windows(
         posenc=model.cfg.posenc,
         sites=site_labels(model),
@@ -277,6 +309,7 @@ def run(model: ViT, data: Task, cfg: Config | None = None, progress: bool = Fals
         baseline=_curves(ref.base),
         floor=_curves(ref.floor),
         windows=windows,
+        compensation=comp,
         n_images=len(x),
         probe_images=cfg.probe_images,
     )
@@ -313,4 +346,11 @@ def headline(d: dict[str, Any]) -> Headline:
         out[f"{name}.onset"] = None if w["onset"] is None else float(w["onset"])
     for name, accs in random.items():
         out[f"{name}.accuracy"] = float(np.mean(accs))
+    for c in d.get("compensation", []):
+        key = f"compensation_{c['k']}"
+        out[f"{key}.margin"] = c["compensation"]["mean"]
+        out[f"{key}.se"] = c["compensation"]["se"]
+        out[f"{key}.relative"] = c["relative"]
+        out[f"{key}.added_after_window"] = c["added_after_window"]
+        out[f"{key}.added_anyway"] = c["added_anyway"]
     return out

@@ -124,3 +124,53 @@ def row_col_share(table: torch.Tensor) -> dict[str, float]:
         "col_share": float(col_var / total),
         "rowcol_share": float((row_var + col_var) / total),
     }
+
+
+@dataclass(frozen=True)
+class SeedTest:
+    """One effect over training seeds against a threshold: mean, two-sided 95% t-interval, and
+    the one-sided p-value of "the effect exceeds the threshold" (t-test with n - 1 degrees of
+    freedom; with no spread, 0 or 1 by the sign of mean - threshold)."""
+
+    values: tuple[float, ...]
+    threshold: float
+    mean: float
+    ci_low: float
+    ci_high: float
+    p: float
+
+    @property
+    def n(self) -> int:
+        return len(self.values)
+
+
+def seed_test(values: Sequence[float], threshold: float) -> SeedTest:
+    """SeedTest of per-seed effects (NaNs dropped; fewer than 2 values give p = 1, NaN interval)."""
+    from scipy import stats as st
+
+    v = np.array([x for x in values if math.isfinite(x)], dtype=np.float64)
+    n = len(v)
+    if n == 0:
+        return SeedTest((), threshold, math.nan, math.nan, math.nan, 1.0)
+    mean = float(v.mean())
+    if n == 1:
+        return SeedTest(tuple(v.tolist()), threshold, mean, math.nan, math.nan, 1.0)
+    se = float(v.std(ddof=1) / math.sqrt(n))
+    half = float(st.t.ppf(0.975, n - 1)) * se
+    if se == 0:
+        p = 0.0 if mean > threshold else 1.0
+    else:
+        p = float(st.t.sf((mean - threshold) / se, n - 1))
+    return SeedTest(tuple(v.tolist()), threshold, mean, mean - half, mean + half, p)
+
+
+def holm(p: Sequence[float]) -> list[float]:
+    """Holm-Bonferroni adjusted p-values (step-down, monotone, capped at 1), in input order."""
+    order = np.argsort(p, kind="stable")
+    m = len(p)
+    adjusted = np.empty(m)
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * float(p[i])))
+        adjusted[i] = running
+    return adjusted.tolist()

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 NONE = "—"  # shown for null / absent values
-VERDICTS = ("supported", "not supported", "inconclusive")
+VERDICTS = ("supported", "not supported", "inconclusive", "instrument failed calibration")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 MAX_LIST = 12  # longer lists are cut in cells, with the count shown
 
@@ -114,6 +114,60 @@ def verdict_counts(results: Mapping[str, Any]) -> dict[str, int]:
         v = str(c.get("verdict"))
         counts[v] = counts.get(v, 0) + 1
     return counts
+
+
+def claim_sections(cl: Mapping[str, Any]) -> list[tuple[str, list[str]]]:
+    """A claim's detail as (heading, lines): the primary test per study model, the calibration
+    on controls, the caveats, what would change the verdict and the reference check."""
+    ref = cl.get("reference") or {}
+    if ref:
+        got = ref.get("rule_verdict") or "not computable"
+        line = (
+            f"On the original study's published numbers the rule gives: {got} (the original: "
+            f"{ref.get('original_verdict', NONE)}). {ref.get('note', '')}"
+        )
+        if ref.get("effect") is not None:
+            line += f" Effect {fmt_num(float(ref['effect']))}."
+        reference = [line]
+    else:
+        reference = []
+    cal = cl.get("calibration") or {}
+    tally = []
+    if cal:
+        tally.append(
+            f"sensitivity {fmt_value(cal.get('sensitivity'))}, specificity "
+            f"{fmt_value(cal.get('specificity'))}; "
+            + ("passed" if cal.get("passed") else "not passed")
+        )
+    return [
+        ("Primary test", list(cl.get("evidence") or [])),
+        ("Calibration", [*(cl.get("controls") or []), *tally]),
+        ("Caveats", list(cl.get("caveats") or [])),
+        ("What would change the verdict", [cl["would_change"]] if cl.get("would_change") else []),
+        ("Reference check", reference),
+    ]
+
+
+def calibration_rows(results: Mapping[str, Any]) -> list[list[str]]:
+    """One row per (claim, control model): role, the effect over seeds, detected, as designed."""
+    rows = []
+    for cl in results.get("claims") or []:
+        for ctrl in (cl.get("calibration") or {}).get("controls") or []:
+            t = ctrl.get("test") or {}
+            ci = t.get("ci") or [None, None]
+            rows.append([
+                str(cl.get("title", cl.get("id", ""))), str(ctrl.get("model")),
+                str(ctrl.get("role")),
+                f"{fmt_value(t.get('mean'))} [{fmt_value(ci[0])}, {fmt_value(ci[1])}]",
+                fmt_value(t.get("n")), fmt_value(ctrl.get("seeds_above_threshold")),
+                "yes" if ctrl.get("detected") else "no",
+                "yes" if ctrl.get("as_designed") else "NO",
+            ])  # fmt: skip
+    return rows
+
+
+CALIBRATION_HEAD = ["Claim", "Control", "Role", "Effect [95% CI]", "Seeds", "Seeds above threshold",
+                    "Detected", "As designed"]  # fmt: skip
 
 
 def _reused_note(results: Mapping[str, Any]) -> str:

@@ -37,6 +37,7 @@ code { font: 13px ui-monospace, SFMono-Regular, Menlo, Consolas, monospace;
 .v-supported { background: #dafbe1; color: #116329; border-color: #1a7f37; }
 .v-not-supported { background: #ffebe9; color: #a40e26; border-color: #cf222e; }
 .v-inconclusive { background: #fff8c5; color: #6f4e00; border-color: #bf8700; }
+.v-instrument-failed-calibration { background: #fbefff; color: #6639ba; border-color: #8250df; }
 .v-other { background: #eaeef2; color: #24292f; border-color: #8c959f; }
 article.claim { border-left: 4px solid #d0d7de; padding: .1rem 0 .1rem 1rem; margin: 1rem 0; }
 article.claim h4 { margin: .8rem 0 .2rem; font-size: 14px; }
@@ -120,13 +121,28 @@ def _claims(results: Mapping[str, Any]) -> str:
             f'<article class="claim" id="{esc(anchor)}">'
             f"<h3>{esc(cl.get('title', cl.get('id', '')))} {badge(cl.get('verdict'))}</h3>"
             f"<p>{esc(cl.get('summary', ''))}</p>"
-            + _list("Evidence", cl.get("evidence"))
-            + _list("Controls", cl.get("controls"))
-            + _list("Caveats", cl.get("caveats"))
+            + "".join(_list(title, lines) for title, lines in c.claim_sections(cl))
             + "</article>"
         )
     out.append("</section>")
     return "".join(out)
+
+
+def _calibration(results: Mapping[str, Any]) -> str:
+    """The Calibration section: each claim's rule on the control models."""
+    rows = c.calibration_rows(results)
+    intro = (
+        "<p>Each claim's rule, run on models in which its mechanism is present (positive) or "
+        "absent (negative) by design, through the same pipeline. A claim's verdict counts only "
+        "when every control came out as designed.</p>"
+    )
+    if not rows:
+        return f'<section id="calibration"><h2>Calibration</h2>{intro}<p>No control models in this study.</p></section>'
+    return (
+        f'<section id="calibration"><h2>Calibration</h2>{intro}'
+        + _table(c.CALIBRATION_HEAD, rows)
+        + "</section>"
+    )
 
 
 def _setup(results: Mapping[str, Any]) -> str:
@@ -232,7 +248,7 @@ def render_html(results: Mapping[str, Any], out_dir: Path) -> str:
     out_dir = Path(out_dir)
     exps = c.experiments(results)
     other_figs = c.figures(results, None)
-    nav = [("claims", "Claims"), ("setup", "Setup")]
+    nav = [("claims", "Claims"), ("calibration", "Calibration"), ("setup", "Setup")]
     nav += [(f"exp-{c.slug(e)}", e) for e in exps]
     if other_figs:
         nav.append(("other-figures", "Other figures"))
@@ -244,6 +260,7 @@ def render_html(results: Mapping[str, Any], out_dir: Path) -> str:
         + "".join(f'<li><a href="#{esc(a)}">{esc(t)}</a></li>' for a, t in nav)
         + "</ul></nav></header>",
         _claims(results),
+        _calibration(results),
         _setup(results),
         *(_experiment(results, out_dir, e) for e in exps),
     ]

@@ -58,9 +58,11 @@ def _claims(results: Mapping[str, Any]) -> list[str]:
     for cl in claims:
         out += [f"### {md(cl.get('title', cl.get('id', '')))}: {md(cl.get('verdict'))}", ""]
         out += [md(cl.get("summary", "")), ""]
-        out += _bullets("Evidence", cl.get("evidence"))
-        out += _bullets("Controls", cl.get("controls"))
-        out += _bullets("Caveats", cl.get("caveats"))
+        for title, lines in c.claim_sections(cl):
+            out += _bullets(title, lines)
+    out += ["## Calibration", ""]
+    rows = c.calibration_rows(results)
+    out += table(c.CALIBRATION_HEAD, rows) if rows else ["No control models in this study.", ""]
     return out
 
 

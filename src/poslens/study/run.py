@@ -32,7 +32,7 @@ from poslens.study.config import StudyConfig
 from poslens.study.plan import make_plan
 from poslens.study.pool import execute
 
-SCHEMA = "poslens.study/1"
+SCHEMA = "poslens.study/2"
 
 
 def run_study(
@@ -88,8 +88,28 @@ def run_study(
     return results
 
 
+def cpu() -> dict[str, Any]:
+    """The CPU model and the vector extensions that decide float speed and rounding (bf16 is
+    native with avx512_bf16 or amx_bf16), read from /proc/cpuinfo where there is one."""
+    name, flags = platform.processor() or platform.machine(), set()
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        info = ""
+    for line in info.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "model name" and value.strip():
+            name = value.strip()
+        elif key.strip() == "flags":
+            flags = set(value.split())
+            break
+    wanted = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile")
+    return {"model": name, "extensions": [f for f in wanted if f in flags]}
+
+
 def environment(threads: int, jobs: int) -> dict[str, Any]:
     return {
+        "cpu": cpu(),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "numpy": np.__version__,

@@ -21,6 +21,8 @@ from poslens.io import MAX_CONFIG_BYTES
 from poslens.models.config import POSENCS, ModelConfig
 
 PRECISIONS = ("auto", "fp32", "bf16")
+# Train fields added after the first release, with the default RunConfig.to_dict leaves out.
+LATER_TRAIN: dict[str, Any] = {"rotary_dropout": 0.0}
 # Model fields that always come from the data task, so the two can never disagree.
 FROM_DATA = ("image_size", "in_chans", "num_classes")
 
@@ -45,6 +47,10 @@ class TrainConfig:
     ckpt_every: int = 250
     seed: int = 0
     threads: int = 0  # torch intra-op threads; 0 = all cores
+    # Probability per step that rotations are withheld in the first half of the blocks
+    # ([0, depth // 2)) for the whole batch, drawn from (data seed, step): trains a RoPE model
+    # whose later blocks must rebuild position (the calibration model rope_rebuild).
+    rotary_dropout: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "eval_every", "eval_images", "ckpt_every"):
@@ -57,6 +63,10 @@ class TrainConfig:
         positive_float("train.lr", self.lr)
         for name in ("weight_decay", "grad_clip"):
             positive_float(f"train.{name}", getattr(self, name), allow_zero=True)
+        if not 0 <= self.rotary_dropout <= 1:
+            raise ConfigError(
+                f"train.rotary_dropout must be in [0, 1], got {self.rotary_dropout!r}"
+            )
         if not 0 <= self.warmup_frac < 1:
             raise ConfigError(f"train.warmup_frac must be in [0, 1), got {self.warmup_frac!r}")
         one_of("train.precision", self.precision, PRECISIONS)
@@ -71,11 +81,14 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "model": self.model.to_dict(),
-            "data": asdict(self.data),
-            "train": asdict(self.train),
+        """JSON-ready; train fields added after the first release only when not at their
+        default, so the study's checkpoint hashes of earlier configs stay the same."""
+        train = {
+            k: v
+            for k, v in asdict(self.train).items()
+            if k not in LATER_TRAIN or v != LATER_TRAIN[k]
         }
+        return {"model": self.model.to_dict(), "data": asdict(self.data), "train": train}
 
     @classmethod
     def from_dict(cls, d: Any, base: RunConfig | None = None) -> RunConfig:
@@ -104,9 +117,21 @@ class RunConfig:
 
 # Calibration models (METHODS.md, "Calibration"): a mechanism planted by construction, so that an
 # instrument can show it detects it (or stays quiet where it is absent). name -> model fields.
-CALIBRATION: dict[str, dict[str, Any]] = {
-    "ape_rowcol": {"posenc": "ape", "ape_code": "rowcol"},  # additive row + column code, frozen
-    "ape_cell": {"posenc": "ape", "ape_code": "cell"},  # one direction per cell, frozen
+CALIBRATION: dict[str, dict[str, dict[str, Any]]] = {
+    # additive row + column code, frozen: row/column features present by design
+    "ape_rowcol": {"model": {"posenc": "ape", "ape_code": "rowcol"}},
+    # one direction per cell, frozen: positional features, but no row/column ones
+    "ape_cell": {"model": {"posenc": "ape", "ape_code": "cell"}},
+    # axial planes turned 45 degrees: no plane follows one axis
+    "rope_oblique": {"model": {"posenc": "rope_axial", "rope_variant": "oblique"}},
+    # heads of one axis each, trained with rotations withheld early half the time: later
+    # (axis-specialised) heads must rebuild position
+    "rope_rebuild": {
+        "model": {"posenc": "rope_axial", "rope_variant": "head_split"},
+        "train": {"rotary_dropout": 0.5},
+    },
+    # rotations in the first half of the blocks only: later blocks cannot rebuild through them
+    "rope_early": {"model": {"posenc": "rope_axial", "rope_blocks": "first_half"}},
 }
 PRESETS = (*POSENCS, *CALIBRATION)
 
@@ -117,8 +142,10 @@ def preset(name: str) -> RunConfig:
     model with a planted mechanism (CALIBRATION)."""
     if name not in PRESETS:
         raise ConfigError(f"unknown preset {name!r}; presets: {', '.join(PRESETS)}")
-    fields = CALIBRATION.get(name, {"posenc": name})
-    return RunConfig(model=ModelConfig(**fields))
+    parts = CALIBRATION.get(name, {"model": {"posenc": name}})
+    return RunConfig(
+        model=ModelConfig(**parts["model"]), train=TrainConfig(**parts.get("train", {}))
+    )
 
 
 def load_config(path: str | Path) -> RunConfig:

@@ -10,6 +10,7 @@ or a loss that stopped being finite. Readers (poslens.load, the study) rely on t
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -52,6 +53,27 @@ FINISHED = METRICS  # the marker of a finished run: written last (see the module
 
 class TrainingDiverged(UserError):
     """The loss (or a weight) stopped being finite: the run is stopped, never marked finished."""
+
+
+def withholds_rotations(cfg: RunConfig, step: int) -> bool:
+    """Whether train.rotary_dropout withholds rotations at this step: drawn from (data seed,
+    step) alone, so every seed of one config (and a resumed run) sees the same schedule."""
+    p = cfg.train.rotary_dropout
+    if p <= 0:
+        return False
+    g = torch.Generator().manual_seed(1_000_003 * cfg.data.seed + step)
+    return bool(torch.rand((), generator=g) < p)
+
+
+def withheld_rotations(
+    model: ViT, cfg: RunConfig, step: int
+) -> contextlib.AbstractContextManager[Any]:
+    """Rotations off in the first half of the blocks when this step withholds them."""
+    if not withholds_rotations(cfg, step):
+        return contextlib.nullcontext()
+    from poslens.interventions import rotary_mask
+
+    return rotary_mask(model, blocks=range(model.cfg.depth // 2))
 
 
 def lr_at(step: int, total: int, base: float, warmup_frac: float) -> float:
@@ -236,7 +258,7 @@ def train(
             lr = lr_at(step, total, cfg.train.lr, cfg.train.warmup_frac)
             for g in opt.param_groups:
                 g["lr"] = lr
-            with autocast(dev, precision):
+            with autocast(dev, precision), withheld_rotations(model, cfg, step):
                 logits = net(x)
             loss = F.cross_entropy(logits.float(), y)
             opt.zero_grad(set_to_none=True)

@@ -178,7 +178,24 @@ class Heads(Header):
                 pref = [r.excess.mean - c.excess.mean for r, c in zip(row_rb, col_rb, strict=True)]
                 spec = [self.unit_signed_specialization(r.block, r.head, later) for r in row_rb]
                 out[f"axis_preference_vs_spec/{kind}"] = correlation(pref, spec)
+                rel = [
+                    self.relative_excess(r) - self.relative_excess(c)
+                    for r, c in zip(row_rb, col_rb, strict=True)
+                ]
+                out[f"axis_preference_relative_vs_spec/{kind}"] = correlation(rel, spec)
         return out
+
+    def relative_excess(self, r: Rebuild) -> float:
+        """A scale-free rebuilding excess: the unit's share of what the later blocks contribute
+        after its window, minus its share of what they contribute in the intact model (so the
+        window's own margin loss does not scale it). NaN where a share is undefined."""
+        ctrl = self.window(r.window)
+        if ctrl is None:
+            return math.nan
+        after, intact = ctrl.later_after_window.mean, ctrl.later_intact.mean
+        if abs(after) < 1e-12 or abs(intact) < 1e-12:
+            return math.nan
+        return r.drop_window.mean / after - r.drop_intact.mean / intact
 
     def axis_preference(self, kind: str) -> list[dict[str, Any]]:
         """Per unit: excess after the row window - excess after the column window, paired SE."""

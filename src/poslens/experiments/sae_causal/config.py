@@ -76,19 +76,22 @@ def site_index(model: ViT, site: str) -> int:
     return model.cfg.depth
 
 
-def resolve_sites(model: ViT, cfg: Config, probe_block: int) -> list[str]:
-    """cfg.sites as hook names (early and probe resolved), without repeats, in order."""
-    names = []
+def resolve_sites(model: ViT, cfg: Config, probe_block: int) -> dict[str, list[str]]:
+    """cfg.sites as hook names, in order without repeats, each with the roles it plays ("early",
+    "probe"; none for a site named by its hook)."""
+    sites: dict[str, list[str]] = {}
     for s in cfg.sites:
         if s == EARLY:
-            names.append(normalised_hook(model, min(early_block(model), model.cfg.depth)))
+            sites.setdefault(
+                normalised_hook(model, min(early_block(model), model.cfg.depth)), []
+            ).append(EARLY)
         elif s == PROBE:
-            names.append(normalised_hook(model, probe_block))
+            sites.setdefault(normalised_hook(model, probe_block), []).append(PROBE)
         elif s not in model.hook_names():
             raise ConfigError(f"analysis.sites: {s!r} is not a hook of this model")
         else:
-            names.append(s)
-    return list(dict.fromkeys(names))
+            sites.setdefault(s, [])
+    return sites
 
 
 __all__ = ["EARLY", "PROBE", "Config", "applies", "early_block", "resolve_sites", "site_index"]

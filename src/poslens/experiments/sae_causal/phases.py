@@ -125,6 +125,7 @@ def run_site(
     y: torch.Tensor,
     progress: bool = False,
     sae: TopKSAE | None = None,
+    roles: list[str] | None = None,
 ) -> SiteResult:
     """Train (or take) an SAE at `site`, find its positional latents and run every edit; each is
     read at the SAE's site and the output, with the intact model's fixed probes and refitted ones."""
@@ -146,7 +147,7 @@ def run_site(
     probes["intact"] = probe_table(base, probe_sites)
     assert base.probes is not None
     probes["chance"] = {"refit": np.tile(np.array(base.probes.chance), (len(probe_sites), 1))}
-    return SiteResult(site, idx, probe_sites, quality, pl, results, probes)
+    return SiteResult(site, idx, probe_sites, quality, pl, results, probes, roles or [])
 
 
 @torch.no_grad()
@@ -180,8 +181,8 @@ def run(
         model, x, y, cfg, floor_condition(model), floor_sites, fixed=base.fixed_probes()
     )
     results = [
-        run_site(model, data, cfg, s, base, floor, x, y, progress, (saes or {}).get(s))
-        for s in sites
+        run_site(model, data, cfg, s, base, floor, x, y, progress, (saes or {}).get(s), roles)
+        for s, roles in sites.items()
     ]
     return SAECausal(
         posenc=model.cfg.posenc,

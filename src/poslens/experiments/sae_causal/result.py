@@ -46,10 +46,12 @@ class SiteResult:
     positional: PositionalLatents
     conditions: list[ConditionResult]
     probes: dict[str, dict[str, np.ndarray]]
+    roles: list[str]  # "early", "probe": what the study's configuration asked this site to be
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "site": self.site,
+            "roles": self.roles,
             "site_index": self.site_index,
             "probe_sites": self.probe_sites,
             "sae_quality": self.sae_quality,
@@ -149,21 +151,28 @@ class SAECausal(Header):
         return plot(self)
 
 
+def key(site: str, group: str, number: str) -> str:
+    """The headline key of one summary number at a site (a hook name or a role: early, probe)."""
+    return f"{site}.{group}.{number}"
+
+
 def headline(d: dict[str, Any]) -> Headline:
-    """Per SAE site ("<site>.<number>"): FVU, the positional latents by kind, and every summary
-    group's numbers ("<site>.<group>.<number>"); the position table's row + column share."""
+    """Per SAE site, under its hook name and under each role it plays ("early", "probe"): FVU,
+    the positional latents by kind, and every summary group's numbers (key(site, group, n));
+    the position table's row + column share."""
     out: Headline = {}
     for site, r in d["sae_sites"].items():
         s = r["summary"]
-        out[f"{site}.fvu"] = r["sae_quality"]["fvu"]
-        out[f"{site}.n_positional"] = float(s["n_positional"])
-        out |= {f"{site}.latents_{k}": float(n) for k, n in s["kinds"].items()}
-        for group in GROUPS:
-            for k, x in s.get(group, {}).items():
-                out[f"{site}.{group}.{k}"] = x
+        for name in (site, *r.get("roles", [])):
+            out[f"{name}.fvu"] = r["sae_quality"]["fvu"]
+            out[f"{name}.n_positional"] = float(s["n_positional"])
+            out |= {f"{name}.latents_{k}": float(n) for k, n in s["kinds"].items()}
+            for group in GROUPS:
+                for k, x in s.get(group, {}).items():
+                    out[key(name, group, k)] = x
     for k, x in (d.get("position_table") or {}).items():
         out[f"table.{k}"] = x
     return out
 
 
-__all__ = ["GROUPS", "SAECausal", "SiteResult", "headline"]
+__all__ = ["GROUPS", "SAECausal", "SiteResult", "headline", "key"]

@@ -1,0 +1,238 @@
+"""The claims' decision rules: per claim one primary effect, computed per training seed from the
+experiments' headline numbers, a threshold it must exceed, and the models it is judged on.
+
+Every rule names the models in which its mechanism is present by design (positive controls) and
+absent by design (negative controls); the study runs them through exactly the same pipeline, and
+a claim's verdict on the study models counts only when the rule detected every positive control
+and rejected every negative one (METHODS.md, "Calibration"). Keys are built with the experiment
+modules' own key functions or their headline's documented names.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from poslens.experiments.sae_causal.result import key as sae_key
+
+Values = list[float]  # one number per seed (NaN where a seed lacks it)
+
+
+class View:
+    """One model's headline numbers per seed, read through (experiment, key)."""
+
+    def __init__(self, model: str, entry: dict[str, Any]) -> None:
+        self.model, self.posenc = model, entry["posenc"]
+        self.agg, self.runs = entry["aggregate"], entry["runs"]
+
+    def has(self, exp: str, key: str) -> bool:
+        return exp in self.agg and key in self.agg[exp] and self.agg[exp][key]["n"] > 0
+
+    def values(self, exp: str, key: str) -> Values:
+        """Per-seed values in seed order (NaN where missing); [] when the experiment did not run."""
+        if exp not in self.agg:
+            return []
+        n = sum(1 for r in self.runs if exp in r["experiments"])
+        vals = self.agg[exp].get(key, {}).get("values", [math.nan] * n)
+        return [math.nan if v is None else float(v) for v in vals]
+
+    def mean(self, exp: str, key: str) -> float:
+        m = self.agg.get(exp, {}).get(key, {}).get("mean")
+        return float(m) if m is not None else math.nan
+
+    def seeds(self, exp: str) -> int:
+        return sum(1 for r in self.runs if exp in r["experiments"])
+
+
+def _zip(f: Callable[..., float], *columns: Values) -> Values:
+    return [f(*xs) for xs in zip(*columns, strict=True)] if columns and columns[0] else []
+
+
+def _nan0(x: float) -> float:
+    return 0.0 if math.isnan(x) else x
+
+
+# ------------------------------------------------------------------------------ the effects
+
+
+def ape_rowcol_effect(v: View) -> Values:
+    """How much further toward chance the intact model's exact probe at the early SAE site falls
+    when its row and column latents are zeroed (+error, spliced at the residual) than when as
+    many matched random latents are: 0 where the SAE has no row or column latents."""
+    e = "sae_causal"
+    drop = v.values(e, sae_key("early", "rowcol+error", "fixed_drop_site"))
+    ctrl = v.values(e, sae_key("early", "matched_rowcol", "fixed_drop_site"))
+    n = v.seeds(e)
+    if not drop:  # no row/column latents in any seed: nothing row/column-specific to remove
+        return [0.0] * n
+    ctrl = ctrl or [math.nan] * n
+    return _zip(lambda a, b: 0.0 if math.isnan(a) else a - b, drop, ctrl)
+
+
+def rope_split_effect(v: View) -> Values:
+    """The fixed probe of the other axis kept after one axis's planes are removed (the smaller of
+    the two retentions) minus the larger retention of either axis after as many random planes
+    per head are removed: 0 where the axis map finds no planes of one axis (no split)."""
+    e = "position_removal"
+    n = v.seeds(e)
+    if not (v.has(e, "axis_row.accuracy") and v.has(e, "axis_col.accuracy")):
+        return [0.0] * n
+    per_head = v.values("axis_map", "row_planes_per_head")
+    kept = _zip(min, v.values(e, "axis_row.retention_probe_fixed_col"),
+                v.values(e, "axis_col.retention_probe_fixed_row"))  # fmt: skip
+    out = []
+    for seed, k in enumerate(kept):
+        rnd = f"random_{round(per_head[seed])}" if seed < len(per_head) else ""
+        cols = [v.values(e, f"{rnd}.retention_probe_fixed_{t}") for t in ("row", "col")]
+        r = max(cols[0][seed], cols[1][seed]) if all(len(c) > seed for c in cols) else math.nan
+        out.append(k - r)
+    return out
+
+
+def rebuild_window(v: View) -> int | None:
+    """The last withheld block of the rebuilding window: the largest prefix window ending in the
+    first half of the blocks (depth // 2 - 1)."""
+    ks = sorted(
+        int(k.split("_")[1].split(".")[0])
+        for k in v.agg.get("windows", {})
+        if k.startswith("compensation_") and k.endswith(".relative")
+    )
+    suffixes = [k for k in v.agg.get("windows", {}) if k.startswith("suffix_")]
+    if not ks or not suffixes:
+        return None
+    depth = 1 + max(int(k.split("_")[1].split(".")[0]) for k in suffixes)
+    fit = [k for k in ks if k <= depth // 2 - 1]
+    return max(fit) if fit else ks[0]
+
+
+def rebuild_effect(v: View) -> Values:
+    """Compensation in correct-class margin: what the blocks after the window add when rotations
+    were withheld before them, minus what they add in the intact model, as a share of the
+    intact-minus-floor margin ((prefix - floor) - (intact - suffix)) / (intact - floor)."""
+    k = rebuild_window(v)
+    if k is None:
+        return []
+    return v.values("windows", f"compensation_{k}.relative")
+
+
+def heads_effect(v: View) -> Values:
+    """Across the later blocks' heads (block-head units): the correlation of each head's
+    scale-free axis-window preference (its share of what the later blocks rebuild after a
+    row-only window minus after a column-only window) with its attention's axis specialization
+    (+ row); 0 where no preference varies (no head rebuilds anything)."""
+    vals = v.values("heads", "consistency/axis_preference_relative_vs_spec/block_head.pearson")
+    return [_nan0(x) for x in vals]
+
+
+def position_effect(v: View) -> Values:
+    """Accuracy points lost when every positional signal is removed from the trained weights."""
+    e = "position_removal"
+    return _zip(lambda a, b: a - b, v.values(e, "intact.accuracy"), v.values(e, "floor.accuracy"))
+
+
+# ------------------------------------------------------------------------------ the rules
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A claim's decision rule: its primary effect per seed must exceed `threshold` (one-sided
+    t-test over seeds); judged on `study` models, calibrated on `positive` and `negative` ones."""
+
+    id: str
+    title: str
+    experiment: str
+    effect: Callable[[View], Values]
+    effect_name: str
+    threshold: float
+    study: tuple[str, ...]
+    positive: tuple[str, ...]
+    negative: tuple[str, ...]
+    would_change: str  # what result would have changed the verdict, in one sentence
+    by_construction: str  # what holds by construction here, so it is not evidence
+
+
+RULES = (
+    Rule(
+        "ape_explicit_features",
+        "APE: position lives in explicit row/column features that are causal",
+        "sae_causal",
+        ape_rowcol_effect,
+        "exact-probe drop toward chance from zeroing the row and column latents at the early SAE "
+        "site, beyond matched random latents (fixed probe)",
+        0.25,
+        study=("ape",),
+        positive=("ape_rowcol", "sincos"),
+        negative=("ape_cell", "none"),
+        would_change="Zeroing the row and column latents moving the intact model's probe less "
+        "than a quarter of the way to chance beyond matched random latents, or an SAE that "
+        "factors position into cells.",
+        by_construction="Probes decode position from an APE model's residual even at random "
+        "init, so decodability is not the evidence; the edit's effect on the fixed probe is.",
+    ),
+    Rule(
+        "rope_planes_split",
+        "RoPE: rotary planes split into row and column parts",
+        "position_removal",
+        rope_split_effect,
+        "retention of the other axis's fixed probe after one axis's planes are removed, minus "
+        "either axis's retention after as many random planes",
+        0.0,
+        study=("rope_mixed",),
+        positive=("rope_axial",),
+        negative=("rope_oblique",),
+        would_change="Learned frequencies whose planes do not follow one axis, or removing one "
+        "axis's planes hurting the other axis as much as random planes do.",
+        by_construction="In axial RoPE the planes follow one axis by design, so the split is "
+        "judged on learned-frequency RoPE (rope_mixed) and axial RoPE is a positive control.",
+    ),
+    Rule(
+        "rope_rebuilds",
+        "RoPE: later blocks rebuild withheld position",
+        "windows",
+        rebuild_effect,
+        "compensation: what the later blocks add after the withheld window minus what they add in "
+        "the intact model, as a share of intact-minus-floor margin",
+        0.0,
+        study=("rope_axial", "rope_mixed"),
+        positive=("rope_rebuild",),
+        negative=("rope_early",),
+        would_change="The later blocks adding no more margin after the window than they add "
+        "when nothing was withheld (their ordinary contribution, not compensation).",
+        by_construction="RPI-SSDC after the window returns whenever later blocks still rotate, "
+        "so its return is not evidence of rebuilding.",
+    ),
+    Rule(
+        "heads_rebuild",
+        "RoPE: axis-specialized heads rebuild position",
+        "heads",
+        heads_effect,
+        "correlation, over the later blocks' heads, of each head's scale-free preference for "
+        "rebuilding after a row-only vs a column-only window with its axis specialization",
+        0.0,
+        study=("rope_axial",),
+        positive=("rope_rebuild",),
+        negative=("rope_early",),
+        would_change="Heads' axis-window preferences unrelated to (or against) their attention's "
+        "axis specialization.",
+        by_construction="A head masked after a window costs more margin partly because the "
+        "window already lowered the margin; the excess is taken as a share, not in absolute margin.",
+    ),
+    Rule(
+        "position_matters",
+        "Position matters for accuracy",
+        "position_removal",
+        position_effect,
+        "accuracy lost when every positional signal is removed from the same weights",
+        0.10,
+        study=("ape", "rope_axial", "rope_mixed"),
+        positive=("ape_rowcol",),
+        negative=("none",),
+        would_change="Removing position costing less than 10 accuracy points.",
+        by_construction="The task's label depends on where the objects are, so a drop is "
+        "expected; the floor is compared with the content-only (none) model beside it.",
+    ),
+)
+
+__all__ = ["RULES", "Rule", "View"]
