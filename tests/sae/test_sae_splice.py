@@ -35,33 +35,69 @@ def test_error_term_with_no_edit_returns_the_original_activation(setup: tuple) -
     torch.testing.assert_close(logits, clean_logits, atol=1e-6, rtol=0)
 
 
-def test_reconstruction_alone_replaces_only_patch_tokens(setup: tuple) -> None:
-    model, sae, imgs = setup
-    with torch.no_grad():  # the same attention kernel as inside spliced_activation
-        clean = model.run_with_cache(imgs, SITE)[1][SITE]
-    out = spliced_activation(model, imgs, sae=sae)
-    torch.testing.assert_close(out[:, :1], clean[:, :1], atol=0, rtol=0)  # CLS untouched
-    assert (out[:, 1:] - clean[:, 1:]).abs().max() > 1e-2
+def resid_and_site(model: torch.nn.Module, imgs: torch.Tensor, **kw: object) -> dict:
+    """The residual entering block 1, the site, and the residual entering block 2, as the model
+    sees them inside the splice (or without one when no sae is given)."""
+    names = ["blocks.1.hook_resid_pre", SITE, "blocks.1.hook_resid_post"]
+    sae = kw.pop("sae", None)
     with torch.no_grad():
-        torch.testing.assert_close(out[:, 1:], sae(clean[:, 1:])[0])
-    with_cls = spliced_activation(model, imgs, sae=sae, include_prefix=True)
-    assert (with_cls[:, :1] - clean[:, :1]).abs().max() > 1e-2
+        if sae is None:
+            return model.run_with_cache(imgs, names)[1]
+        with splice(model, sae, **kw):  # type: ignore[arg-type]
+            return model.run_with_cache(imgs, names)[1]
 
 
-def test_edit_moves_only_by_the_edited_latents(setup: tuple) -> None:
+def test_a_normalised_site_is_edited_in_the_residual(setup: tuple) -> None:
+    """The edit of an SAE on blocks.1.ln1 is written into the residual entering block 1 (as
+    sigma * dy / gamma per token), so every later block sees it: the residual after block 1
+    moves too. Editing only the norm's output would leave both residuals unchanged."""
     model, sae, imgs = setup
-    clean = model.run_with_cache(imgs, SITE)[1][SITE][:, 1:]
+    clean = resid_and_site(model, imgs)
+    out = resid_and_site(model, imgs, sae=sae)  # the reconstruction alone
+    x, y = clean["blocks.1.hook_resid_pre"][:, 1:], clean[SITE][:, 1:]
+    ln = model.blocks[1].ln1
+    with torch.no_grad():
+        dy = sae(y)[0] - y
+        sigma = (x.var(-1, unbiased=False, keepdim=True) + ln.eps).sqrt()
+        expected = x + sigma * dy / ln.weight
+    torch.testing.assert_close(
+        out["blocks.1.hook_resid_pre"][:, 1:], expected, atol=1e-5, rtol=1e-5
+    )
+    torch.testing.assert_close(
+        out["blocks.1.hook_resid_pre"][:, :1],
+        clean["blocks.1.hook_resid_pre"][:, :1],
+        atol=0,
+        rtol=0,
+    )  # CLS untouched
+    assert (out["blocks.1.hook_resid_post"] - clean["blocks.1.hook_resid_post"]).abs().max() > 1e-2
+    with_cls = resid_and_site(model, imgs, sae=sae, include_prefix=True)
+    assert (
+        with_cls["blocks.1.hook_resid_pre"][:, :1] - clean["blocks.1.hook_resid_pre"][:, :1]
+    ).abs().max() > 1e-3
+
+
+def test_edit_moves_the_site_along_the_edited_latents(setup: tuple) -> None:
+    """Dropping one latent (+error): the norm's output moves by that latent's decoder direction,
+    up to what the norm removes again (the mean and the scale): to first order, exactly."""
+    model, sae, imgs = setup
+    clean = resid_and_site(model, imgs)[SITE][:, 1:]
+    with torch.no_grad():
+        j = int((sae.encode(clean) > 0).sum((0, 1)).argmax())  # the latent that fires most
     seen: list[torch.Tensor] = []
 
-    def drop_latent_0(codes_BTF: torch.Tensor) -> torch.Tensor:
+    def drop(codes_BTF: torch.Tensor) -> torch.Tensor:
         seen.append(codes_BTF)
-        return codes_BTF * (torch.arange(codes_BTF.shape[-1]) != 0)
+        return codes_BTF * (torch.arange(codes_BTF.shape[-1]) != j)
 
-    out = spliced_activation(model, imgs, sae=sae, with_error=True, edit=drop_latent_0)[:, 1:]
+    out = resid_and_site(model, imgs, sae=sae, with_error=True, edit=drop)[SITE][:, 1:]
     assert seen[0].shape == (6, 16, sae.d_sae)
     with torch.no_grad():
-        expected = clean - seen[0][..., :1] * sae.W_dec[0]  # x + D(z') - D(z)
-    torch.testing.assert_close(out, expected, atol=1e-5, rtol=0)
+        dy = -seen[0][..., j : j + 1] * sae.W_dec[j]  # D(z') - D(z)
+    moved = seen[0][..., j] > 0
+    assert moved.sum() >= 10
+    cos = torch.nn.functional.cosine_similarity((out - clean)[moved], dy[moved], dim=-1)
+    assert cos.min() > 0.9
+    torch.testing.assert_close(out[~moved], clean[~moved], atol=1e-5, rtol=0)
 
 
 def test_spliced_quality_reports_both_splices(setup: tuple) -> None:
