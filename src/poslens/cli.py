@@ -8,10 +8,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
-from poslens.errors import UserError
+from poslens.errors import UserError, WorkerLost
 
 if TYPE_CHECKING:
     from poslens.api import CheckpointStatus
+    from poslens.study.slurm import SlurmOptions
     from poslens.training.config import RunConfig
 
 
@@ -321,6 +322,7 @@ def cmd_study(args: argparse.Namespace) -> int:
         device=args.device,
         threads=args.threads,
         jobs=args.jobs,
+        slurm=_slurm_options(args),
     )
     print(f"{'claim':<58} verdict")
     for c in results["claims"]:
@@ -328,6 +330,25 @@ def cmd_study(args: argparse.Namespace) -> int:
     total = results["timings"]["total_seconds"]
     print(f"results in {args.out} (report.html, report.md, results.json) after {total:.0f}s")
     return 0
+
+
+def _slurm_options(args: argparse.Namespace) -> SlurmOptions | None:
+    """--executor slurm's job resources; the --slurm-* options are refused without it."""
+    from poslens.study.slurm import SlurmOptions
+
+    given = {k: v for k, v in vars(args).items() if k.startswith("slurm_") and v not in (None, [])}
+    if args.executor != "slurm":
+        if given:
+            raise UserError("the --slurm-* options are for SLURM jobs: add --executor slurm")
+        return None
+    opts = SlurmOptions(
+        **{
+            k.removeprefix("slurm_"): tuple(v) if isinstance(v, list) else v
+            for k, v in given.items()
+        }
+    )
+    opts.check(args.device)
+    return opts
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -470,6 +491,36 @@ def build_parser() -> argparse.ArgumentParser:
         "--threads", type=_count, default=0, help="torch threads per job (0: cores / jobs)"
     )
     sy.add_argument("--no-progress", action="store_true", help="no progress display")
+    sy.add_argument(
+        "--executor",
+        choices=("local", "slurm"),
+        default="local",
+        help="local (default): processes on this machine (--jobs); slurm: each model/seed run "
+        "as a SLURM job through submitit (pip install 'poslens[slurm]'; --jobs: jobs at a time, "
+        "default all), results written to the shared --out; see docs/study.md",
+    )
+    sl = sy.add_argument_group("SLURM jobs (with --executor slurm)")
+    sl.add_argument("--slurm-partition", metavar="P", help="partition (default: the cluster's)")
+    sl.add_argument(
+        "--slurm-time",
+        dest="slurm_time_min",
+        type=int,
+        metavar="MIN",
+        help="time limit of each job in minutes (default 720); a job that reaches it, or is "
+        "preempted, is requeued and continues",
+    )
+    sl.add_argument("--slurm-gpus-per-task", type=int, metavar="N", help="GPUs per job (0)")
+    sl.add_argument(
+        "--slurm-cpus-per-task", type=int, metavar="N", help="CPUs per job, its torch threads (4)"
+    )
+    sl.add_argument("--slurm-mem-gb", type=float, metavar="GB", help="memory per job")
+    sl.add_argument(
+        "--slurm-option",
+        dest="slurm_options",
+        action="append",
+        metavar="KEY=VALUE",
+        help="any other sbatch option, e.g. account=abc, qos=high, constraint=a100 (repeatable)",
+    )
     sy.set_defaults(fn=cmd_study)
 
     i = sub.add_parser("info", help="describe a checkpoint")
@@ -495,12 +546,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         if getattr(args, "device", None) is not None:
             from poslens.limits import check_device
 
-            args.device = resolve_device(args.device)
-            check_device(args.device)
+            here = getattr(args, "executor", "local") == "local"  # slurm: checked on the nodes
+            if here:
+                args.device = resolve_device(args.device)
+            check_device(args.device, here=here)
         return int(args.fn(args))
     except UserError as e:
         print(f"poslens: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
+    except WorkerLost as e:  # not the input's fault: exit 1, with what is kept
+        print(f"poslens: error: {' '.join(str(e).split())}; {INTERRUPTED.get(args.command, '')}",
+              file=sys.stderr)  # fmt: skip
+        return 1
     except KeyboardInterrupt:
         print(f"poslens: interrupted ({INTERRUPTED.get(args.command, '')})", file=sys.stderr)
         return 130

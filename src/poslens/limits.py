@@ -245,8 +245,9 @@ def check_sae(
 DEVICE_TYPES = ("cpu", "cuda", "mps")
 
 
-def check_device(name: str) -> None:
-    """A device torch knows and this machine has: cpu, cuda[:N] with CUDA, mps on Apple."""
+def check_device(name: str, here: bool = True) -> None:
+    """A device torch knows and this machine has: cpu, cuda[:N] with CUDA, mps on Apple.
+    here=False: only the name (the work runs elsewhere, e.g. as SLURM jobs)."""
     if name in ("cpu", "auto"):
         return
     import torch
@@ -259,6 +260,8 @@ def check_device(name: str) -> None:
         ) from None
     if dev.type not in DEVICE_TYPES:
         raise UserError(f"--device {name!r}: poslens runs on cpu, cuda or mps, not {dev.type}")
+    if not here:
+        return
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             raise UserError(

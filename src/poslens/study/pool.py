@@ -1,94 +1,100 @@
-"""Running a plan's runs: in this process, or in parallel worker processes, with one progress
-display fed by the runs' stage events."""
+"""The study's runs as executor tasks (study/executor.py): in this process (jobs 1), in local
+worker processes, or as SLURM jobs (study/slurm.py), with one progress display fed by the runs'
+StageEvents."""
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import queue
-from collections.abc import Callable, Iterator
+import sys
+from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from rich.progress import Progress
 
-from poslens.allocator import keep_freed_memory
-from poslens.allocator import kept as allocator_kept
 from poslens.progress import progress_bar
-from poslens.study.plan import Plan, Stage
-from poslens.study.stages import run_one
+from poslens.study.executor import Executor, InProcess, LocalPool, OnEvent, Rerun, Task
+from poslens.study.plan import Plan, RunPlan
+from poslens.study.slurm import SlurmOptions, SubmititPool
+from poslens.study.stages import Events, StageEvent, run_one
 
 RunResult = tuple[dict[str, Any], list[dict[str, Any]]]  # results.json entry, stage timings
 
 
-class _Direct:
-    """The queue interface for the single-process case: events go straight to the display."""
+def run_task(run: RunPlan, out: Path, device: str, threads: int, events: Events) -> RunResult:
+    """One model/seed run as an executor task. The device is checked where the task runs: a
+    cluster node may have the GPU that the submitting machine lacks."""
+    from poslens.cli import resolve_device
+    from poslens.limits import check_device
 
-    def __init__(self, fn: Callable[[str, Stage], None]) -> None:
-        self.fn = fn
+    device = resolve_device(device)
+    check_device(device)
+    return run_one(run, out, device, threads, events)
 
-    def put(self, item: tuple[str, Stage]) -> None:
-        self.fn(*item)
+
+def make_executor(plan: Plan, slurm: SlurmOptions | None = None) -> Executor:
+    """The plan's executor; one-line ConfigErrors (no submitit, no SLURM) before any work."""
+    if slurm is not None:
+        slurm.check(plan.device)
+        return SubmititPool(slurm, plan.out / "slurm", plan.jobs)
+    return InProcess() if plan.jobs == 1 else LocalPool(plan.jobs)
+
+
+def _say(bar: Progress | None, line: str) -> None:
+    """A line on stderr, above the progress display when there is one."""
+    if bar is not None:
+        bar.console.print(line, markup=False, highlight=False, soft_wrap=True)
+    else:
+        print(line, file=sys.stderr, flush=True)
 
 
 @contextmanager
-def _display(plan: Plan, enabled: bool) -> Iterator[Callable[[str, Stage], None]]:
-    """A callback for ("start" | "done", Stage) events that keeps the study's progress line: the
-    running stages (experiment, model, seed), stages done and the ETA."""
-    running: dict[tuple[str, int], str] = {}
-    done = 0
+def _display(plan: Plan, enabled: bool) -> Iterator[OnEvent]:
+    """The executor's event callback, keeping the study's progress line: the running stages
+    (experiment, model, seed), stages done and the ETA; a lost run's rerun is said in one line."""
+    running: dict[str, str] = {}  # task -> its running stage's label
+    done: set[tuple[str, int, str]] = set()  # a rerun's reused stages are not counted again
     total = plan.stages_total
 
-    def update(bar: Progress | None, task: Any, kind: str, st: Stage) -> None:
-        nonlocal done
-        if kind == "start":
-            running[st.model, st.seed] = st.label
+    def update(bar: Progress | None, task: Any, key: str, ev: StageEvent | Rerun) -> None:
+        if isinstance(ev, Rerun):
+            running.pop(key, None)
+            _say(bar, f"poslens: {key}: {ev.why}; running it again (finished stages are kept)")
+            return
+        st, advance = ev.stage, 0.0
+        if ev.kind == "start":
+            running[key] = st.label
         else:
-            done += 1
-            running.pop((st.model, st.seed), None)
+            running.pop(key, None)
+            if (st.model, st.seed, st.kind) not in done:
+                done.add((st.model, st.seed, st.kind))
+                advance = st.weight
         if bar is not None:
             bar.update(
                 task,
-                advance=st.weight if kind == "done" else 0,
+                advance=advance,
                 description=" | ".join(running.values()) or f"finished {st.label}",
-                done=f"{done}/{total}",
+                done=f"{len(done)}/{total}",
             )
 
     if not enabled:
-        yield lambda kind, st: update(None, None, kind, st)
+        yield lambda key, ev: update(None, None, key, ev)
         return
     with progress_bar("{task.fields[done]}", min_width=120) as bar:
         task = bar.add_task("study", total=sum(r.weight for r in plan.runs), done=f"0/{total}")
-        yield lambda kind, st: update(bar, task, kind, st)
+        yield lambda key, ev: update(bar, task, key, ev)
 
 
-def execute(plan: Plan, progress: bool) -> dict[tuple[str, int], RunResult]:
-    """Every run of the plan, by (model, seed): one after another in this process (jobs 1), or
-    in a `spawn` pool of plan.jobs processes (each with plan.threads torch threads)."""
-    results: dict[tuple[str, int], RunResult] = {}
-    args = (plan.out, plan.device, plan.threads)
+def execute(plan: Plan, executor: Executor, progress: bool) -> dict[tuple[str, int], RunResult]:
+    """Every run of the plan, by (model, seed), through `executor` (see make_executor)."""
+    tasks = {
+        (r.model, r.seed): Task(f"{r.model} seed {r.seed}", run_task,
+                                (r, plan.out, plan.device, plan.threads))
+        for r in plan.runs
+    }  # fmt: skip
     with _display(plan, progress) as on_event:
-        if plan.jobs == 1:
-            for run in plan.runs:
-                results[run.model, run.seed] = run_one(run, *args, events=_Direct(on_event))
-            return results
-        ctx = mp.get_context("spawn")
-        init = keep_freed_memory if allocator_kept() else None  # workers follow this process
-        with ctx.Manager() as manager, ctx.Pool(plan.jobs, initializer=init) as pool:
-            events = manager.Queue()
-            pending = {
-                (run.model, run.seed): pool.apply_async(run_one, (run, *args, events))
-                for run in plan.runs
-            }
-            while pending:
-                try:
-                    on_event(*events.get(timeout=0.2))
-                except queue.Empty:
-                    pass
-                for key in [k for k, r in pending.items() if r.ready()]:
-                    results[key] = pending.pop(key).get()  # re-raises worker errors
-            while not events.empty():
-                on_event(*events.get())
-    return results
+        by_key = executor.run(list(tasks.values()), on_event)
+    return {run: by_key[t.key] for run, t in tasks.items()}
 
 
-__all__ = ["execute"]
+__all__ = ["execute", "make_executor", "run_task"]

@@ -6,6 +6,8 @@ Output folder layout (all paths in results.json are relative to it):
   runs/<model>/seed<seed>/<exp>.stage.json   written last: the stage is finished (resume key)
   figures/                              study-level figures (seeds aggregated)
   results.json, report.html, report.md
+  .lock                                 held (flock) while a study runs here: one study at a time
+  slurm/                                with --executor slurm: submitit's job files and logs
 Every file is written atomically, so an interrupted study leaves finished stages intact and
 `poslens study` with the same arguments continues from them. The study is resolved into a plan
 (study/plan.py), its runs executed stage by stage (study/stages.py, study/pool.py), then
@@ -14,8 +16,11 @@ aggregated over seeds (study/aggregate.py) and judged (study/claims.py).
 
 from __future__ import annotations
 
+import os
 import platform
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -25,12 +30,15 @@ import torch
 
 from poslens._version import __version__
 from poslens.allocator import kept as allocator_kept
+from poslens.errors import OutputError
 from poslens.io import jsonable, write_json
 from poslens.study.aggregate import aggregate
 from poslens.study.claims import evaluate_claims
 from poslens.study.config import StudyConfig
-from poslens.study.plan import make_plan
-from poslens.study.pool import execute
+from poslens.study.executor import Executor
+from poslens.study.plan import Plan, make_plan
+from poslens.study.pool import execute, make_executor
+from poslens.study.slurm import SlurmOptions, SubmititPool
 
 SCHEMA = "poslens.study/2"
 
@@ -42,16 +50,27 @@ def run_study(
     device: str = "cpu",
     threads: int = 0,
     jobs: int = 1,
+    slurm: SlurmOptions | None = None,
 ) -> dict[str, Any]:
     """Run (or continue) the study into `out`; returns the results.json content.
 
     jobs: model/seed runs in parallel processes (0: one per core on the CPU); threads: torch
-    threads per process (0: the cores divided among the jobs).
+    threads per process (0: the cores divided among the jobs). slurm: each model/seed run as a
+    SLURM job instead (jobs: at most that many at a time, 0: all; threads 0: the job's CPUs).
     """
+    if slurm is not None:
+        jobs = jobs or len(cfg.model_keys) * cfg.seeds
+        threads = threads or slurm.cpus_per_task
     plan = make_plan(cfg, out, device, threads, jobs)  # every config error before any work
-    out = plan.out
+    executor = make_executor(plan, slurm)
+    with locked(plan.out):
+        return _run(plan, executor, progress)
+
+
+def _run(plan: Plan, executor: Executor, progress: bool) -> dict[str, Any]:
+    cfg, out, device = plan.cfg, plan.out, plan.device
     start = time.perf_counter()
-    by_run = execute(plan, progress)
+    by_run = execute(plan, executor, progress)
     runs_seconds = time.perf_counter() - start
     runs = {m: [by_run[m, s][0] for s in range(cfg.seeds)] for m in cfg.model_keys}
     timings = [t for r in plan.runs for t in by_run[r.model, r.seed][1]]
@@ -70,7 +89,7 @@ def run_study(
         "poslens_version": __version__,
         "created": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "config": cfg.to_dict() | {"device": device},
-        "environment": environment(plan.threads or torch.get_num_threads(), plan.jobs),
+        "environment": environment(plan.threads or torch.get_num_threads(), plan.jobs, executor),
         "models": models,
         "claims": evaluate_claims(models, cfg),
         "figures": study_figures(out, models, cfg),
@@ -86,6 +105,39 @@ def run_study(
 
     write_report(out, results)
     return results
+
+
+LOCK = ".lock"
+
+
+@contextmanager
+def locked(out: Path) -> Iterator[None]:
+    """Hold `out`/.lock while the study runs: a second study on `out` is refused in one line. An
+    flock ends with its process, however that ends, so a killed study leaves no stale lock."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock
+        yield
+        return
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        fd = os.open(out / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise OutputError(f"--out {out} cannot be used ({e.strerror or e})") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pid = os.pread(fd, 20, 0).decode(errors="replace").strip() or "?"
+            raise OutputError(
+                f"--out {out} is in use by another poslens study (pid {pid}); wait for it to end "
+                "or choose another --out"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)
 
 
 def cpu() -> dict[str, Any]:
@@ -107,7 +159,7 @@ def cpu() -> dict[str, Any]:
     return {"model": name, "extensions": [f for f in wanted if f in flags]}
 
 
-def environment(threads: int, jobs: int) -> dict[str, Any]:
+def environment(threads: int, jobs: int, executor: Executor | None = None) -> dict[str, Any]:
     return {
         "cpu": cpu(),
         "python": platform.python_version(),
@@ -117,6 +169,7 @@ def environment(threads: int, jobs: int) -> dict[str, Any]:
         "machine": platform.machine(),
         "threads": threads,
         "jobs": jobs,
+        "executor": "slurm" if isinstance(executor, SubmititPool) else "local",
         "malloc": "keep_freed" if allocator_kept() else "default",
     }
 

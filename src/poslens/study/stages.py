@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import torch
 
@@ -26,10 +26,24 @@ from poslens.study.config import config_hash
 from poslens.study.plan import RunPlan, Stage, stage_hash
 
 
-class Events(Protocol):
-    """Where a run reports ("start" | "done", Stage) for the progress display."""
+@dataclass(frozen=True)
+class StageEvent:
+    """A run's progress, for the display: a stage starts, or is done (its seconds, and whether its
+    finished files were reused)."""
 
-    def put(self, item: tuple[str, Stage]) -> None: ...
+    kind: Literal["start", "done"]
+    stage: Stage
+    seconds: float = 0.0
+    reused: bool = False
+
+    def __str__(self) -> str:  # how a lost run's last event is named
+        return f"{'during' if self.kind == 'start' else 'after'} stage {self.stage.kind}"
+
+
+class Events(Protocol):
+    """Where a run reports its StageEvents."""
+
+    def put(self, event: StageEvent) -> None: ...
 
 
 @dataclass
@@ -155,7 +169,7 @@ def run_one(
     timings: list[dict[str, Any]] = []
     for st in run.stages:
         if events is not None:
-            events.put(("start", st))
+            events.put(StageEvent("start", st))
         t0 = time.perf_counter()
         extra: dict[str, Any] = {}
         if st.kind == "train":
@@ -218,7 +232,7 @@ def run_one(
              "seconds": round(seconds, 2), "reused": reused} | extra
         )  # fmt: skip
         if events is not None:
-            events.put(("done", st))
+            events.put(StageEvent("done", st, round(seconds, 2), reused))
     return entry, timings
 
 
@@ -234,4 +248,4 @@ def train_summary(m: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-__all__ = ["Source", "run_one"]
+__all__ = ["Source", "StageEvent", "run_one"]
