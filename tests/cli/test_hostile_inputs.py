@@ -175,6 +175,7 @@ def cases(tmp: Path, ck: dict[str, Path]) -> list[Case]:
 
     sae = ["sae", "train", done, "--out", out, "--no-progress"]
     analyze = ["analyze", done, "--out", out, *QUICK]
+    slurm = ["study", "--preset", "quick", "--out", out, "--no-progress", "--executor", "slurm"]
     return [
         # checkpoints tied to their config: what shapes cannot show
         *(
@@ -224,6 +225,15 @@ def cases(tmp: Path, ck: dict[str, Path]) -> list[Case]:
         Case("threads -2", ["study", "--preset", "quick", "--threads", "-2", "--out", out], "argument --threads"),
         Case("jobs 1e5", ["study", "--preset", "quick", "--jobs", "100000", "--out", out], "argument --jobs"),
         Case("threads x", ["study", "--preset", "quick", "--threads", "x", "--out", out], "must be an integer"),
+        # study on SLURM: options without the executor, resources that cannot work, no sbatch here
+        Case("slurm option, local", ["study", "--preset", "quick", "--out", out, "--slurm-partition", "gpu"], "add --executor slurm"),
+        Case("slurm cuda, no gpus", [*slurm, "--device", "cuda"], "--slurm-gpus-per-task 1"),
+        Case("slurm gpus, cpu", [*slurm, "--slurm-gpus-per-task", "1"], "with --device cuda"),
+        Case("slurm time 0", [*slurm, "--slurm-time", "0"], "--slurm-time and --slurm-cpus-per-task must be"),
+        Case("slurm option no =", [*slurm, "--slurm-option", "account"], "expected KEY=VALUE"),
+        Case("slurm mem -1", [*slurm, "--slurm-mem-gb", "-1"], "--slurm-mem-gb must be positive"),
+        # where SLURM could run it, it would: only without sbatch (submitit missing says so too)
+        *([Case("slurm no sbatch", slurm, "--executor slurm")] if _no_slurm() else []),
         # outputs that cannot be written
         Case("train out file", ["train", "--out", str(a_file), *TRAIN], "is a file, not a folder"),
         Case("train out under file", ["train", "--out", str(a_file / "sub"), *TRAIN], "is a file, not a folder"),
@@ -265,6 +275,10 @@ def cases(tmp: Path, ck: dict[str, Path]) -> list[Case]:
         Case("report on a file", [str(a_file)], "is not a folder", report_main),
         Case("report two args", ["a", "b"], "unrecognized arguments", report_main),
     ]  # fmt: skip
+
+
+def _no_slurm() -> bool:
+    return shutil.which("sbatch") is None and "POSLENS_SUBMITIT_CLUSTER" not in os.environ
 
 
 def _tree(root: Path) -> dict[str, tuple[int, int]]:

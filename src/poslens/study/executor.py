@@ -97,7 +97,7 @@ def schedule(
     assert len({t.key for t in tasks}) == len(tasks), "task keys must be unique"
     todo, running = deque(tasks), {}
     tries: dict[str, int] = {}
-    last: dict[str, Any] = {}  # each task's last event, named when its worker is lost
+    last: dict[str, Any] = {}  # each task's last event (of any try), named when it is lost
     results: dict[str, Any] = {}
     by_key = {t.key: t for t in tasks}
     try:
@@ -122,7 +122,6 @@ def schedule(
                     if tries[key] > 1:
                         raise WorkerLost(f"{key}: {why}, and again when rerun")
                     on_event(key, Rerun(why))
-                    last.pop(key, None)
                     todo.appendleft(by_key[key])
     finally:
         for handle in running.values():
