@@ -51,10 +51,6 @@ class Rerun:
     why: str
 
 
-class Events(Protocol):
-    def put(self, event: Any) -> None: ...
-
-
 class Executor(Protocol):
     def run(self, tasks: Sequence[Task], on_event: OnEvent) -> dict[str, Any]:
         """Every task's result by key; a task's exception is raised here, others stopped."""
@@ -95,7 +91,7 @@ def schedule(
 ) -> dict[str, Any]:
     """Run `tasks` on `backend`, at most `jobs` at a time; a lost task runs once more."""
     assert len({t.key for t in tasks}) == len(tasks), "task keys must be unique"
-    todo, running = deque(tasks), {}
+    todo, running = deque(tasks), dict[str, Any]()
     tries: dict[str, int] = {}
     last: dict[str, Any] = {}  # each task's last event (of any try), named when it is lost
     results: dict[str, Any] = {}

@@ -154,7 +154,7 @@ class SubmititJobs:
         events = self.folder / "events" / f"{name}.{uuid.uuid4().hex[:8]}.pkl"
         events.parent.mkdir(parents=True, exist_ok=True)
         ex = self._executor()
-        ex.update_parameters(name=f"poslens {task.key}")
+        ex.update_parameters(name=f"poslens-{name}")
         return _Submitted(ex.submit(_Job(), task, str(events)), _EventReader(events))
 
     def wait(self, running: dict[str, _Submitted]) -> list[tuple[str, Message]]:
