@@ -185,9 +185,12 @@ class _Process:
 def ended(exitcode: int | None) -> str:
     """Why a worker ended without its result, from its exit code."""
     if exitcode is not None and exitcode < 0:
-        sig = signal.Signals(-exitcode)
-        oom = " (as the out-of-memory killer does)" if sig == signal.SIGKILL else ""
-        return f"its worker process was killed by {sig.name}{oom}"
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        oom = " (as the out-of-memory killer does)" if -exitcode == signal.SIGKILL else ""
+        return f"its worker process was killed by {name}{oom}"
     return f"its worker process exited (code {exitcode}) without a result"
 
 
@@ -210,15 +213,16 @@ class LocalProcesses:
         by_conn = {h.conn: key for key, h in running.items()}
         news = []
         for conn in connection.wait(list(by_conn)):
-            key, h = by_conn[conn], running[by_conn[conn]]  # type: ignore[index]
+            key = by_conn[conn]  # type: ignore[index]
+            h = running[key]
             try:
-                msg = conn.recv()
-            except EOFError:
-                h.process.join()
-                msg = ("lost", ended(h.process.exitcode))
-            if msg[0] != "event":
+                msg: Message | None = conn.recv()
+            except EOFError:  # the worker ended without a result
+                msg = None
+            if msg is None or msg[0] != "event":
                 h.process.join(timeout=30)  # it ends by itself once it has sent its result
                 self.stop(h)
+                msg = msg or ("lost", ended(h.process.exitcode))
             news.append((key, msg))
         return news
 
