@@ -145,7 +145,10 @@ def test_removal_conditions_per_encoding() -> None:
     names = [c[0] for c in position_removal.conditions(rope, cfg)]
     assert names[:2] == ["axis_row", "axis_col"]
     assert {"top_2", "top_4", "random_2/0", "random_2/1", "random_4/1"} <= set(names)
-    assert position_removal.applies(model("none")) is not None
+    # the none model runs too (the negative control of "position matters"): no conditions,
+    # the floor is the model itself
+    assert position_removal.applies(model("none")) is None
+    assert position_removal.conditions(model("none"), position_removal.Config()) == []
 
 
 def test_top_frequency_planes_take_half_per_axis_and_the_fastest() -> None:

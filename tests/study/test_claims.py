@@ -44,8 +44,8 @@ def jitter(x: float, n: int = SEEDS, spread: float = 0.02) -> list[float]:
 
 def sae(drop: float, matched: float, n: int = SEEDS) -> dict[str, dict[str, list[float]]]:
     return {"sae_causal": {
-        "early.rowcol+error.fixed_drop_site": jitter(drop, n),
-        "early.matched_rowcol.fixed_drop_site": jitter(matched, n),
+        "early.rowcol+error.fixed_drop_out": jitter(drop, n),
+        "early.matched_rowcol.fixed_drop_out": jitter(matched, n),
     }}  # fmt: skip
 
 
@@ -103,7 +103,7 @@ def test_ape_claim_is_calibrated_on_planted_codes() -> None:
     assert c["verdict"] == SUPPORTED
     assert c["primary"]["models"]["ape"]["mean"] == pytest.approx(0.5)
     # a study model whose row/column latents move the probe no more than matched ones
-    ms["ape"] = entry("ape", sae(0.3, 0.25))
+    ms["ape"] = entry("ape", sae(0.3, 0.27))
     assert claim(evaluate_claims(ms), "ape_explicit_features")["verdict"] == NOT_SUPPORTED
     # an instrument that also "detects" the cell code fails calibration: no verdict
     ms["ape_cell"] = entry("ape", sae(0.8, 0.1))

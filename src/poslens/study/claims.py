@@ -144,6 +144,12 @@ def _claim(
     caveats = [rule.by_construction] + ([PRETRAINED_CAVEAT] if pretrained else [])
     if not tests:
         verdict, summary = INCONCLUSIVE, f"No study model ran {rule.experiment} in this study."
+    elif all(t.n == 0 for t in tests.values()):
+        verdict = INCONCLUSIVE
+        summary = (
+            f"The primary effect could not be computed on {', '.join(tests)}: no seed gave a "
+            "finite value (a backbone without classifier head has no accuracy or margin)."
+        )
     elif seeds < MIN_SEEDS:
         verdict = INCONCLUSIVE
         summary = f"Only {seeds} seed(s): a verdict needs at least {MIN_SEEDS} per model."

@@ -19,9 +19,10 @@ def _ape() -> tuple[float | None, str]:
     # probe was not published; their RPI-SSDC was unchanged (0.759 vs 0.756), taken as no drop.
     drop = (99.99 - 67.2) / (99.99 - 100 / 196)
     return drop - 0.0, (
-        "zeroing the 20 row/column latents (+error) took the exact probe "
-        f"{drop:.2f} of the way to chance; the matched latents' probe was not published (their "
-        "RPI-SSDC was unchanged), so their drop is taken as 0"
+        "zeroing the 20 row/column latents (+error) took the exact probe at the SAE's block "
+        f"{drop:.2f} of the way to chance (the original read it there, the rule reads it at the "
+        "output); the matched latents' probe was not published (their RPI-SSDC was unchanged), so "
+        "their drop is taken as 0"
     )
 
 

@@ -58,12 +58,12 @@ def _nan0(x: float) -> float:
 
 
 def ape_rowcol_effect(v: View) -> Values:
-    """How much further toward chance the intact model's exact probe at the early SAE site falls
-    when its row and column latents are zeroed (+error, spliced at the residual) than when as
-    many matched random latents are: 0 where the SAE has no row or column latents."""
+    """How much further toward chance the intact model's exact probe at the output falls when
+    the row and column latents of the early SAE are zeroed (+error, spliced at the residual)
+    than when as many matched random latents are: 0 where the SAE has no row or column latents."""
     e = "sae_causal"
-    drop = v.values(e, sae_key("early", "rowcol+error", "fixed_drop_site"))
-    ctrl = v.values(e, sae_key("early", "matched_rowcol", "fixed_drop_site"))
+    drop = v.values(e, sae_key("early", "rowcol+error", "fixed_drop_out"))
+    ctrl = v.values(e, sae_key("early", "matched_rowcol", "fixed_drop_out"))
     n = v.seeds(e)
     if not drop:  # no row/column latents in any seed: nothing row/column-specific to remove
         return [0.0] * n
@@ -159,14 +159,14 @@ RULES = (
         "APE: position lives in explicit row/column features that are causal",
         "sae_causal",
         ape_rowcol_effect,
-        "exact-probe drop toward chance from zeroing the row and column latents at the early SAE "
-        "site, beyond matched random latents (fixed probe)",
-        0.25,
+        "drop toward chance of the intact model's exact probe at the output when the early SAE's "
+        "row and column latents are zeroed, beyond matched random latents",
+        0.10,
         study=("ape",),
         positive=("ape_rowcol", "sincos"),
         negative=("ape_cell", "none"),
         would_change="Zeroing the row and column latents moving the intact model's probe less "
-        "than a quarter of the way to chance beyond matched random latents, or an SAE that "
+        "than a tenth of the way to chance beyond matched random latents, as when the SAE "
         "factors position into cells.",
         by_construction="Probes decode position from an APE model's residual even at random "
         "init, so decodability is not the evidence; the edit's effect on the fixed probe is.",

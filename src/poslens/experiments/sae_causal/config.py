@@ -21,8 +21,10 @@ class Config(ExperimentConfig):
     # Where SAEs read, one test each. An SAE on a normalised residual is spliced at the residual
     # the norm reads, so an edit reaches every later block (sae.metrics.splice).
     sites: tuple[str, ...] = (EARLY, PROBE)
-    k: int = 16
-    expansion: int = 4
+    # active latents per token; 0: one per 12 input dimensions, at least 4 (the original's 64 at
+    # d = 768). A k near d lets the SAE spread position over many latents at once.
+    k: int = 0
+    expansion: int = 5  # d_sae / d_in, as the original
     epochs: int = 5
     train_images: int = 1000
     doses: tuple[int, ...] = (4, 8, 16, 32)  # plus "all" positional latents
@@ -37,18 +39,28 @@ class Config(ExperimentConfig):
             raise ConfigError(
                 f"analysis.sites must be hook names, early or probe, got {self.sites!r}"
             )
+        if not isinstance(self.k, int) or isinstance(self.k, bool) or self.k < 0:
+            raise ConfigError(
+                f"analysis.k must be 0 (automatic) or a positive count, got {self.k!r}"
+            )
         if self.train_images < 10:
             raise ConfigError(f"analysis.train_images must be at least 10, got {self.train_images}")
 
-    def sae_config(self, site: str) -> SAEConfig:
+    def sae_config(self, site: str, d_in: int) -> SAEConfig:
+        """The SAE at `site` for activations of width d_in (k resolved when automatic)."""
         return SAEConfig(
             site=site,
-            k=self.k,
+            k=self.k or auto_k(d_in),
             expansion=self.expansion,
             epochs=self.epochs,
             whiten=self.whiten,
             seed=self.seed,
         )
+
+
+def auto_k(d_in: int) -> int:
+    """One active latent per 12 input dimensions, at least 4."""
+    return max(4, round(d_in / 12))
 
 
 def applies(model: ViT) -> str | None:

@@ -110,7 +110,7 @@ def train_site_sae(model: ViT, data: Task, cfg: Config, site: str) -> TopKSAE:
     """An SAE at `site` on fresh training images' activations (stored as float32)."""
     with autocast(model, cfg.precision):
         store = ActivationStore.from_model(model, training_images(data, cfg.train_images), site)
-    sae, _ = train_sae(store, cfg.sae_config(site), device=model.head.weight.device)
+    sae, _ = train_sae(store, cfg.sae_config(site, store.d_in), device=model.head.weight.device)
     return sae
 
 
