@@ -1,0 +1,170 @@
+"""S ViTs of one config as one module: every parameter stacked on a leading member dimension.
+
+Member s of `StackedViT(models)` computes exactly what `models[s]` computes (the same ops on the
+same numbers, grouped), but every op covers all S members at once, so S small models train in
+fewer, larger kernels. It is a training module: no hook points, images at the config resolution.
+
+Layouts: stacked parameters [S, *shape of the ViT's parameter]; tokens [S, B, T, D]; per-head
+tensors [S*B, H, T, dh]; logits [S, B, num_classes].
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from poslens.models.posenc import channel_tables, rotary_angles, rotary_table, rotate, sincos_2d
+from poslens.models.vit import ViT
+
+
+class StackedViT(nn.Module):
+    """The members' parameters as one [S, ...] tensor each, under the ViT's parameter names."""
+
+    def __init__(self, models: Sequence[ViT]) -> None:
+        super().__init__()
+        cfg = models[0].cfg
+        if any(m.cfg != cfg for m in models):
+            raise ValueError("the members of an ensemble must share one model config")
+        self.cfg, self.size = cfg, len(models)
+        self.names = [n for n, _ in models[0].named_parameters()]
+        if set(self.names) != set(models[0].state_dict()):  # checkpoints are the parameters only
+            raise ValueError("StackedViT stacks parameters; this ViT has other persistent state")
+        members = [dict(m.named_parameters()) for m in models]
+        for name in self.names:
+            stacked = torch.stack([p[name].detach() for p in members])
+            self.register_parameter(_key(name), nn.Parameter(stacked))
+        if models[0].rotary is not None and "rotary.freqs" not in self.names:  # fixed (axial)
+            self.register_buffer("rotary_freqs", models[0].rotary.freqs, persistent=False)
+
+    def stacked(self, name: str) -> nn.Parameter:
+        """The parameter `name` of the ViT, stacked over members: [S, ...]."""
+        return getattr(self, _key(name))
+
+    def named_stacked(self) -> list[tuple[str, nn.Parameter]]:
+        """(ViT parameter name, stacked parameter) in the ViT's order."""
+        return [(n, self.stacked(n)) for n in self.names]
+
+    def member_state(self, s: int) -> dict[str, torch.Tensor]:
+        """Member s's parameters under the ViT's names (views, not copies)."""
+        return {n: self.stacked(n)[s].detach() for n in self.names}
+
+    def num_params(self) -> int:
+        """Parameters of one member."""
+        return sum(p[0].numel() for _, p in self.named_stacked())
+
+    def linear(self, x: torch.Tensor, name: str, rows: slice = slice(None)) -> torch.Tensor:
+        """x [S, B, ..., in] -> [S, B, ..., out] through each member's nn.Linear `name` (only its
+        output channels `rows`, when given)."""
+        w = self.stacked(f"{name}.weight")[:, rows]  # [S, out, in]
+        b = self.stacked(f"{name}.bias")[:, rows]  # [S, out]
+        flat = x.reshape(self.size, -1, x.shape[-1])  # [S, B*..., in]
+        return torch.baddbmm(b[:, None], flat, w.mT).view(*x.shape[:-1], w.shape[1])
+
+    def layer_norm(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        """Each member's LayerNorm `name` over the last dim of x [S, ...]."""
+        w, b = self.stacked(f"{name}.weight"), self.stacked(f"{name}.bias")  # [S, D]
+        shape = (self.size,) + (1,) * (x.ndim - 2) + (x.shape[-1],)
+        xhat = F.layer_norm(x, x.shape[-1:], eps=self.cfg.norm_eps)
+        return torch.addcmul(b.view(shape), xhat, w.view(shape))
+
+    def embed(self, x: torch.Tensor) -> torch.Tensor:
+        """Images [B, C, H, W], shared by the members -> tokens [S, B, T, D] entering block 0."""
+        cfg, S, B = self.cfg, self.size, x.shape[0]
+        p, g, D = cfg.patch_size, cfg.grid, cfg.dim
+        if x.shape[1:] != (cfg.in_chans, cfg.image_size, cfg.image_size):
+            raise ValueError(f"expected images [B, {cfg.in_chans}, {cfg.image_size}, "
+                             f"{cfg.image_size}], got {tuple(x.shape)}")  # fmt: skip
+        # the stride-p convolution as a matmul over patches [B*N, C*p*p] (channel, row, col order)
+        patches = x.reshape(B, cfg.in_chans, g, p, g, p).permute(0, 2, 4, 1, 3, 5)
+        patches = patches.reshape(1, B * g * g, -1).expand(S, -1, -1)
+        w = self.stacked("patch_embed.weight").flatten(2)  # [S, D, C*p*p]
+        b = self.stacked("patch_embed.bias")[:, None]  # [S, 1, D]
+        tok = torch.baddbmm(b, patches, w.mT).view(S, B, g * g, D)
+        if cfg.posenc == "sincos":
+            tok = tok + sincos_2d(g, g, D).to(tok.device)
+        elif cfg.uses_additive_pos:
+            tok = tok + self.stacked("pos_embed")  # [S, 1, N, D]
+        prefix = [
+            self.stacked(n).expand(-1, B, -1, -1)  # [S, B, 1 | R, D]
+            for n in ("cls_token", "reg_tokens")
+            if n in self.names
+        ]
+        return torch.cat([*prefix, tok], dim=2)
+
+    def rotary_tables(self) -> torch.Tensor | None:
+        """cos/sin tables [S|1, depth|1, 2, 1|H, T, P] (None without RoPE)."""
+        cfg = self.cfg
+        if not cfg.uses_rope:
+            return None
+        if "rotary.freqs" in self.names:  # learned (mixed): [S, depth, H, P, 2] per member
+            freqs = self.stacked("rotary.freqs")
+        else:  # fixed (axial): [1, 1, 1, P, 2] shared
+            freqs = self.rotary_freqs[None]
+        angles = rotary_angles(freqs, cfg.grid, cfg.grid, cfg.rope_coords)  # [S|1, d|1, H|1, N, P]
+        return rotary_table(angles, cfg.num_prefix)
+
+    def attention(
+        self, x: torch.Tensor, i: int, table: torch.Tensor | None, cls_only: bool = False
+    ) -> torch.Tensor:
+        """Block i's attention on x [S, B, T, D] -> [S, B, T, D] ([S, B, 1, D]: the CLS token's
+        output alone, which never rotates its query); `table` [S|1, 2, 1|H, T, P]."""
+        cfg, S, B, T, D = self.cfg, *x.shape
+        H, dh = cfg.heads, cfg.head_dim
+        name = f"blocks.{i}.attn.qkv"
+        if cls_only:
+            q = self.linear(x[:, :, :1], name, slice(0, D))  # [S, B, 1, D]
+            q = q.view(S * B, 1, H, dh).transpose(1, 2)  # [S*B, H, 1, dh]
+            kv = self.linear(x, name, slice(D, 3 * D)).view(S * B, T, 2, H, dh)
+            k, v = kv.permute(2, 0, 3, 1, 4).unbind(0)  # [S*B, H, T, dh] each
+        else:
+            qkv = self.linear(x, name).view(S * B, T, 3, H, dh)
+            q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # [S*B, H, T, dh] each
+        if table is not None:
+            cos, sin = channel_tables(table.transpose(0, 1), cfg.rope_layout, q.dtype)
+            cos, sin = cos[:, None], sin[:, None]  # [S|1, 1, H|1, T, dh]
+            k = rotate(k.unflatten(0, (S, B)), cos, sin, cfg.rope_layout).flatten(0, 1)
+            if not cls_only:
+                q = rotate(q.unflatten(0, (S, B)), cos, sin, cfg.rope_layout).flatten(0, 1)
+        if x.is_cuda or not torch.is_grad_enabled():
+            z = F.scaled_dot_product_attention(q, k, v)  # as the ViT: fused where it pays
+        else:
+            scores = (q * dh**-0.5) @ k.transpose(-2, -1)  # [S*B, H, T|1, T]
+            z = scores.softmax(dim=-1) @ v
+        z = z.transpose(1, 2).reshape(S, B, q.shape[2], D)
+        return self.linear(z, f"blocks.{i}.attn.proj")
+
+    def block(
+        self, h: torch.Tensor, i: int, table: torch.Tensor | None, cls_only: bool = False
+    ) -> torch.Tensor:
+        """Block i on tokens h [S, B, T, D] -> [S, B, T, D] (cls_only: [S, B, 1, D], the CLS
+        token's output alone; the other tokens' outputs are then left uncomputed)."""
+        x = self.attention(self.layer_norm(h, f"blocks.{i}.ln1"), i, table, cls_only)
+        h = (h[:, :, :1] if cls_only else h) + x
+        mlp = self.linear(self.layer_norm(h, f"blocks.{i}.ln2"), f"blocks.{i}.mlp.fc1")
+        return h + self.linear(F.gelu(mlp), f"blocks.{i}.mlp.fc2")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Images [B, C, H, W] -> logits [S, B, num_classes], member s's from its own weights."""
+        cfg = self.cfg
+        h = self.embed(x)
+        tables = self.rotary_tables()
+        for i in range(cfg.depth):
+            table = None if tables is None else tables[:, min(i, tables.shape[1] - 1)]
+            # with CLS pooling only the CLS token leaves the last block: compute just that
+            h = self.block(h, i, table, cls_only=cfg.pool == "cls" and i == cfg.depth - 1)
+        if cfg.pool == "cls":  # LayerNorm is per token: normalising CLS alone is exact
+            pooled = self.layer_norm(h[:, :, 0], "ln_final")
+        else:
+            pooled = self.layer_norm(h, "ln_final")[:, :, cfg.num_prefix :].mean(dim=2)
+        return self.linear(pooled, "head")  # [S, B, num_classes]
+
+
+def _key(name: str) -> str:
+    """A module attribute name for a dotted ViT parameter name."""
+    return name.replace(".", "__")
+
+
+__all__ = ["StackedViT"]
