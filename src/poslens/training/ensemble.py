@@ -127,27 +127,16 @@ def _run(
         histories = _load(members, model, opt, start)
     val_x, val_y = task.split("val")
     val_x, val_y = val_x[: cfg.train.eval_images], val_y[: cfg.train.eval_images]
-    params = [p for _, p in model.named_stacked()]
-
     model.train()
     t0 = time.perf_counter()
     label = f"{cfg.model.posenc} x{len(members)}"
     with TrainProgress(total, start, enabled=progress, label=label) as bar:
         for step in range(start, stop):
             x, y = task.train_batch(step, bs)
-            x, y = x.to(dev), y.to(dev)
             lr = lr_at(step, total, cfg.train.lr, cfg.train.warmup_frac)
-            for g in opt.param_groups:
-                g["lr"] = lr
-            with autocast(precision, dev):
-                logits = model(x)  # [S, B, num_classes]
-            # each member's loss as train() computes it; their sum gives each its own gradient
-            losses = torch.stack([F.cross_entropy(lg.float(), y) for lg in logits])  # [S]
-            opt.zero_grad(set_to_none=True)
-            losses.sum().backward()
-            if cfg.train.grad_clip:
-                clip_grad_norms(params, cfg.train.grad_clip)
-            opt.step()
+            losses = train_step(
+                model, opt, x.to(dev), y.to(dev), lr, precision, cfg.train.grad_clip
+            )
             done = step + 1
             for m in members:
                 m.trained_images += bs
@@ -182,6 +171,30 @@ def _run(
     for m, metrics in zip(members, results, strict=True):
         write_json(m.out / METRICS, metrics)
     return results
+
+
+def train_step(
+    model: StackedViT,
+    opt: torch.optim.Optimizer,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    lr: float,
+    precision: str,
+    grad_clip: float,
+) -> torch.Tensor:
+    """One AdamW step of every member on the batch x [B, C, H, W], y [B]; their losses [S]."""
+    for g in opt.param_groups:
+        g["lr"] = lr
+    with autocast(precision, x.device):
+        logits = model(x)  # [S, B, num_classes]
+    # each member's loss as train() computes it; their sum gives each its own gradient
+    losses = torch.stack([F.cross_entropy(lg.float(), y) for lg in logits])  # [S]
+    opt.zero_grad(set_to_none=True)
+    losses.sum().backward()
+    if grad_clip:
+        clip_grad_norms([p for _, p in model.named_stacked()], grad_clip)
+    opt.step()
+    return losses.detach()
 
 
 def clip_grad_norms(params: Sequence[torch.Tensor], max_norm: float) -> None:
@@ -244,4 +257,4 @@ def _save(
         write_checkpoint(m.out, m.cfg, step, history, model.member_state(s), moments)
 
 
-__all__ = ["clip_grad_norms", "train_ensemble"]
+__all__ = ["clip_grad_norms", "train_ensemble", "train_step"]
