@@ -85,11 +85,13 @@ def single_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, precis
 
 
 def ensemble_step(
-    cfg: ModelConfig, seeds: int, x: torch.Tensor, y: torch.Tensor, precision: str
+    cfg: ModelConfig, seeds: int, x: torch.Tensor, y: torch.Tensor, precision: str, compile: bool
 ) -> Step:
     """One training step of an ensemble of `seeds` members, as train_ensemble() takes it."""
     model = StackedViT([build_model(cfg, seed=s) for s in range(seeds)])
     opt = make_optimizer(model.named_stacked(), RunConfig(train=TrainConfig()), member_dims=1)
+    if compile:
+        model.compile()
 
     def step() -> None:
         train_step(model, opt, x, y, 1e-3, precision, 1.0)
@@ -97,11 +99,17 @@ def ensemble_step(
     return step
 
 
-def measure(candidates: dict[str, Step], rounds: int, steps: int) -> dict[str, list[float]]:
-    """Seconds per step of each candidate in each round (rounds interleave the candidates)."""
-    for step in candidates.values():  # warm up: allocator, caches, oneDNN primitives
-        for _ in range(2):
-            step()
+def measure(
+    candidates: dict[str, Step], rounds: int, steps: int
+) -> tuple[dict[str, list[float]], dict[str, float]]:
+    """Seconds per step of each candidate in each round (rounds interleave the candidates), and
+    the seconds of each one's first step (torch.compile compiles then)."""
+    first = {}
+    for name, step in candidates.items():  # warm up: allocator, caches, oneDNN primitives
+        t = time.perf_counter()
+        step()
+        first[name] = time.perf_counter() - t
+        step()
     times: dict[str, list[float]] = {name: [] for name in candidates}
     for _ in range(rounds):
         for name, step in candidates.items():
@@ -109,7 +117,7 @@ def measure(candidates: dict[str, Step], rounds: int, steps: int) -> dict[str, l
             for _ in range(steps):
                 step()
             times[name].append((time.perf_counter() - t) / steps)
-    return times
+    return times, first
 
 
 def main() -> None:
@@ -122,6 +130,7 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=64, help="default: the training default")
     p.add_argument("--dim", type=int, default=64, help="default: the default study's width")
     p.add_argument("--no-timm", action="store_true", help="leave out timm's ViT")
+    p.add_argument("--compile", action="store_true", help="also each ensemble under torch.compile")
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args()
     keep_freed_memory()  # as the CLI does for its training processes
@@ -147,10 +156,13 @@ def main() -> None:
                 if not args.no_timm:
                     candidates["timm"] = single_step(timm_vit(cfg), x, y, prec)
                 for s in seeds:
-                    candidates[f"ensemble{s}"] = ensemble_step(cfg, s, x, y, prec)
-                times = measure(candidates, args.rounds, args.steps)
+                    for comp in (False, True) if args.compile else (False,):
+                        name = f"ensemble{s}" + (" compiled" if comp else "")
+                        candidates[name] = ensemble_step(cfg, s, x, y, prec, comp)
+                times, first = measure(candidates, args.rounds, args.steps)
                 for name, ts in times.items():
-                    members = int(name.removeprefix("ensemble")) if "ensemble" in name else 1
+                    ens = name.startswith("ensemble")
+                    members = int(name.split()[0].removeprefix("ensemble")) if ens else 1
                     # images/s over all seeds: what S sequential runs are compared by
                     rates = sorted(members * args.batch / t for t in ts)
                     median = statistics.median(rates)
@@ -159,6 +171,7 @@ def main() -> None:
                         "seeds": members, "img_s": median, "img_s_range": [rates[0], rates[-1]],
                         "gflop_s": median * flops / 1e9, "peak_gflop_s": peaks[threads, prec],
                         "frac_of_peak": median * flops / 1e9 / peaks[threads, prec],
+                        "first_step_s": first[name],
                     })  # fmt: skip
     seq = {
         (r["threads"], r["posenc"], r["precision"]): r["img_s"]
@@ -176,6 +189,8 @@ def main() -> None:
         run = {"poslens": "poslens (sequential)", "timm": "timm APE ViT"}.get(
             r["run"], f"ensemble of {r['seeds']}"
         )
+        if r["run"].endswith("compiled"):
+            run += f", compiled (first step {r['first_step_s']:.0f} s)"
         print(f"| {r['threads']} | {r['posenc']} | {r['precision']} | {run} | "
               f"{r['img_s']:.0f} ({lo:.0f}-{hi:.0f}) | {ratio:.2f}x | "
               f"{r['gflop_s']:.0f} | {r['frac_of_peak']:.0%} |")  # fmt: skip

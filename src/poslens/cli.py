@@ -72,6 +72,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     runs = _run_configs(args)
     seeds = None if args.seeds is None else _seeds(args.seeds)
+    if args.compile and seeds is None:
+        raise UserError("--compile applies to ensembles: give --seeds too")
     out = Path(args.out)
     results = []
     for name, cfg in runs:
@@ -86,7 +88,9 @@ def cmd_train(args: argparse.Namespace) -> int:
             dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, seed=k)) for k in seeds
         ]
         outs = [target / f"seed{k}" for k in seeds]
-        ms = train_ensemble(cfgs, outs, args.resume, not args.no_progress, args.device)
+        ms = train_ensemble(
+            cfgs, outs, args.resume, not args.no_progress, args.device, compile=args.compile
+        )
         prefix = f"{name}/" if len(runs) > 1 else ""
         results += [(f"{prefix}seed{k}", m, o) for k, m, o in zip(seeds, ms, outs, strict=True)]
     if not _rank_zero():  # under torchrun rank 0 reports; train() has saved and synchronised
@@ -324,6 +328,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="K,K,...",
         help="train these train.seed values as one ensemble (faster than one by one), each into "
         "OUT/seedK; the models equal separate runs up to float rounding",
+    )
+    t.add_argument(
+        "--compile",
+        action="store_true",
+        help="with --seeds: torch.compile the ensemble's training step (needs a C++ compiler; "
+        "the first compile of a config takes tens of seconds, later runs reuse its cache)",
     )
     t.add_argument("--device", default="cpu", help=DEVICE_HELP)
     t.add_argument("--no-progress", action="store_true", help="no progress bar")

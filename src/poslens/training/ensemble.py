@@ -64,11 +64,15 @@ def train_ensemble(
     resume: bool = False,
     progress: bool = False,
     device: str = "cpu",
+    compile: bool = False,
 ) -> list[dict[str, Any]]:
     """Train one model per config as one ensemble; configs may differ in train.seed alone.
 
     Checkpoints go to outs[s] as `train()` writes them; returns (and writes) each member's
-    metrics, which also record `"ensemble": S`.
+    metrics, which also record `"ensemble": S`. `compile`: torch.compile the training step's
+    forward and backward (needs a C++ compiler; inductor's fused kernels change the float
+    rounding). The first compile of a configuration takes tens of seconds, later ones reuse
+    inductor's cache; it paid back within a few hundred steps (benchmarks/train_throughput.py).
     """
     if len(cfgs) != len(outs) or not cfgs:
         raise ConfigError(f"an ensemble needs one output folder per config, got {len(cfgs)} "
@@ -94,9 +98,9 @@ def train_ensemble(
     while len(set(steps)) > 1:
         lo, hi = sorted(set(steps))[:2]
         behind = [m for m, s in zip(members, steps, strict=True) if s == lo]
-        _run(behind, task, dev, lo, hi, progress)
+        _run(behind, task, dev, lo, hi, progress, compile)
         steps = [_step_of(m, True) for m in members]
-    return _run(members, task, dev, steps[0], members[0].cfg.train.steps, progress)
+    return _run(members, task, dev, steps[0], members[0].cfg.train.steps, progress, compile)
 
 
 def _without_seed(cfg: RunConfig) -> dict[str, Any]:
@@ -113,7 +117,13 @@ def _step_of(m: _Member, resume: bool) -> int:
 
 
 def _run(
-    members: list[_Member], task: Task, dev: torch.device, start: int, stop: int, progress: bool
+    members: list[_Member],
+    task: Task,
+    dev: torch.device,
+    start: int,
+    stop: int,
+    progress: bool,
+    compile: bool,
 ) -> list[dict[str, Any]]:
     """Train `members`, all at step `start`, as one stacked model up to `stop`, checkpointing as
     `train()` does; after the last step, evaluate them and write their metrics (returned)."""
@@ -125,6 +135,8 @@ def _run(
     histories: list[list] = [[] for _ in members]
     if start:
         histories = _load(members, model, opt, start)
+    if compile:
+        model.compile()  # the training steps' calls; evaluation calls model.forward, eager
     val_x, val_y = task.split("val")
     val_x, val_y = val_x[: cfg.train.eval_images], val_y[: cfg.train.eval_images]
     model.train()
@@ -215,7 +227,7 @@ def _score(
 ) -> list[dict[str, float]]:
     """Each member's accuracy and mean cross-entropy, as `evaluate` gives it."""
     dev = next(model.parameters()).device
-    return score(model, model.size, dev, images, labels, precision)
+    return score(model.forward, model.size, dev, images, labels, precision)
 
 
 def _load(
