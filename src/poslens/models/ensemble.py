@@ -64,11 +64,17 @@ class StackedViT(nn.Module):
         return torch.baddbmm(b[:, None], flat, w.mT).view(*x.shape[:-1], w.shape[1])
 
     def layer_norm(self, x: torch.Tensor, name: str) -> torch.Tensor:
-        """Each member's LayerNorm `name` over the last dim of x [S, ...]."""
+        """Each member's LayerNorm `name` over the last dim of x [S, ...].
+
+        One fused LayerNorm per member: faster than a shared normalisation followed by a
+        stacked affine (whose backward reduces over every token; 10.6 vs 13.9 ms for the
+        qkv input of 5 members in bf16), and the ViT's own rounding.
+        """
         w, b = self.stacked(f"{name}.weight"), self.stacked(f"{name}.bias")  # [S, D]
-        shape = (self.size,) + (1,) * (x.ndim - 2) + (x.shape[-1],)
-        xhat = F.layer_norm(x, x.shape[-1:], eps=self.cfg.norm_eps)
-        return torch.addcmul(b.view(shape), xhat, w.view(shape))
+        eps = self.cfg.norm_eps
+        return torch.stack(
+            [F.layer_norm(x[s], x.shape[-1:], w[s], b[s], eps) for s in range(self.size)]
+        )
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         """Images [B, C, H, W], shared by the members -> tokens [S, B, T, D] entering block 0."""
@@ -114,20 +120,27 @@ class StackedViT(nn.Module):
         cfg, S, B, T, D = self.cfg, *x.shape
         H, dh = cfg.heads, cfg.head_dim
         name = f"blocks.{i}.attn.qkv"
+        # the linear's token-major layout [S, B, T, n, H, dh]: the parts that rotate (q and k,
+        # or k alone when the CLS query is the only one), then the rest
         if cls_only:
-            q = self.linear(x[:, :, :1], name, slice(0, D))  # [S, B, 1, D]
-            q = q.view(S * B, 1, H, dh).transpose(1, 2)  # [S*B, H, 1, dh]
-            kv = self.linear(x, name, slice(D, 3 * D)).view(S * B, T, 2, H, dh)
-            k, v = kv.permute(2, 0, 3, 1, 4).unbind(0)  # [S*B, H, T, dh] each
+            q = self.linear(x[:, :, :1], name, slice(0, D)).view(S * B, 1, H, dh).transpose(1, 2)
+            kv = self.linear(x, name, slice(D, 3 * D)).view(S, B, T, 2, H, dh)
+            turn, v = kv[:, :, :, :1], kv[:, :, :, 1]
         else:
-            qkv = self.linear(x, name).view(S * B, T, 3, H, dh)
-            q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # [S*B, H, T, dh] each
-        if table is not None:
-            cos, sin = channel_tables(table.transpose(0, 1), cfg.rope_layout, q.dtype)
-            cos, sin = cos[:, None], sin[:, None]  # [S|1, 1, H|1, T, dh]
-            k = rotate(k.unflatten(0, (S, B)), cos, sin, cfg.rope_layout).flatten(0, 1)
-            if not cls_only:
-                q = rotate(q.unflatten(0, (S, B)), cos, sin, cfg.rope_layout).flatten(0, 1)
+            qkv = self.linear(x, name).view(S, B, T, 3, H, dh)
+            turn, v = qkv[:, :, :, :2], qkv[:, :, :, 2]
+        if table is not None:  # rotate token-major: contiguous memory, q and k in one pass
+            cos, sin = channel_tables(table.transpose(0, 1), cfg.rope_layout, turn.dtype)
+            shape = (cos.shape[0], 1, T, turn.shape[3], H, dh)  # cos, sin [S|1, H|1, T, dh]
+            cos, sin = (
+                t.transpose(1, 2)[:, None, :, None].expand(shape).contiguous() for t in (cos, sin)
+            )
+            turn = rotate(turn, cos, sin, cfg.rope_layout)
+        heads = [t.flatten(0, 1).transpose(1, 2) for t in (*turn.unbind(3), v)]  # [S*B, H, T, dh]
+        if cls_only:
+            k, v = heads
+        else:
+            q, k, v = heads
         if x.is_cuda or not torch.is_grad_enabled():
             z = F.scaled_dot_product_attention(q, k, v)  # as the ViT: fused where it pays
         else:
