@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from poslens.models.posenc import channel_tables, rotary_angles, rotary_table, rotate, sincos_2d
+from poslens.models.posenc import rotary_angles, rotary_table, rotate, sincos_2d, token_major_tables
 from poslens.models.vit import ViT
 
 
@@ -130,12 +130,11 @@ class StackedViT(nn.Module):
             qkv = self.linear(x, name).view(S, B, T, 3, H, dh)
             turn, v = qkv[:, :, :, :2], qkv[:, :, :, 2]
         if table is not None:  # rotate token-major: contiguous memory, q and k in one pass
-            cos, sin = channel_tables(table.transpose(0, 1), cfg.rope_layout, turn.dtype)
-            shape = (cos.shape[0], 1, T, turn.shape[3], H, dh)  # cos, sin [S|1, H|1, T, dh]
-            cos, sin = (
-                t.transpose(1, 2)[:, None, :, None].expand(shape).contiguous() for t in (cos, sin)
-            )
-            turn = rotate(turn, cos, sin, cfg.rope_layout)
+            n = turn.shape[3]
+            cos, sin = token_major_tables(table, cfg.rope_layout, turn.dtype, n, H)
+            turn = rotate(
+                turn, cos[:, None], sin[:, None], cfg.rope_layout
+            )  # [S|1, 1, T, n, H, dh]
         heads = [t.flatten(0, 1).transpose(1, 2) for t in (*turn.unbind(3), v)]  # [S*B, H, T, dh]
         if cls_only:
             k, v = heads
