@@ -37,10 +37,10 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
-clock = time.perf_counter  # --clock cpu: this process's CPU time (see main's help)
+Clock = Callable[[], float]
 
 
-def matmul_peak(dtype: torch.dtype, n: int = 2048, reps: int = 5) -> float:
+def matmul_peak(dtype: torch.dtype, clock: Clock, n: int = 2048, reps: int = 5) -> float:
     """GFLOP/s of a large square matmul, best of 3: the practical peak for `dtype` right now."""
     a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
     a @ b
@@ -104,7 +104,7 @@ def ensemble_step(
 
 
 def measure(
-    candidates: dict[str, Step], rounds: int, steps: int
+    candidates: dict[str, Step], rounds: int, steps: int, clock: Clock
 ) -> tuple[dict[str, list[float]], dict[str, float]]:
     """Seconds per step of each candidate in each round (rounds interleave the candidates), and
     the seconds of each one's first step (torch.compile compiles then)."""
@@ -145,7 +145,6 @@ def main() -> None:
     p.add_argument("--compile", action="store_true", help="also each ensemble under torch.compile")
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args()
-    global clock
     clock = CLOCKS[args.clock]
     keep_freed_memory()  # as the CLI does for its training processes
     all_threads = torch.get_num_threads()
@@ -159,7 +158,7 @@ def main() -> None:
     for threads in [int(t) or all_threads for t in args.threads.split(",")]:
         torch.set_num_threads(threads)
         for prec in precisions:
-            peaks[threads, prec] = matmul_peak(DTYPES[prec])
+            peaks[threads, prec] = matmul_peak(DTYPES[prec], clock)
         for posenc in ("ape", "rope_axial"):
             cfg = ModelConfig(posenc=posenc, dim=args.dim)
             flops = build_model(cfg).flops_per_image(train=True)
@@ -173,7 +172,7 @@ def main() -> None:
                     for comp in (False, True) if args.compile else (False,):
                         name = f"ensemble{s}" + (" compiled" if comp else "")
                         candidates[name] = ensemble_step(cfg, s, x, y, prec, comp)
-                times, first = measure(candidates, args.rounds, args.steps)
+                times, first = measure(candidates, args.rounds, args.steps, clock)
                 for name, ts in times.items():
                     ens = name.startswith("ensemble")
                     members = int(name.split()[0].removeprefix("ensemble")) if ens else 1
