@@ -83,7 +83,9 @@ class StackedViT(nn.Module):
         if torch.compiler.is_compiling():
             shape = (self.size,) + (1,) * (x.ndim - 2) + (D,)
             return torch.addcmul(b.view(shape), F.layer_norm(x, (D,), eps=eps), w.view(shape))
-        return torch.stack([F.layer_norm(x[s], (D,), w[s], b[s], eps) for s in range(self.size)])
+        # unbind, not x[s]: indexing's backward would fill a zero [S, ...] tensor per member
+        parts = zip(x.unbind(0), w.unbind(0), b.unbind(0), strict=True)
+        return torch.stack([F.layer_norm(xs, (D,), ws, bs, eps) for xs, ws, bs in parts])
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         """Images [B, C, H, W], shared by the members -> tokens [S, B, T, D] entering block 0."""
