@@ -15,10 +15,11 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.func import functional_call
 
 from poslens.models.posenc import (
+    Rotary,
     channel_tables,
-    rotary_angles,
     rotary_table,
     rotate,
     sincos_2d,
@@ -42,9 +43,11 @@ class StackedViT(nn.Module):
         members = [dict(m.named_parameters()) for m in models]
         for name in self.names:
             stacked = torch.stack([p[name].detach() for p in members])
-            self.register_parameter(_key(name), nn.Parameter(stacked))
-        if models[0].rotary is not None and "rotary.freqs" not in self.names:  # fixed (axial)
-            self.register_buffer("rotary_freqs", models[0].rotary.freqs, persistent=False)
+            frozen = not members[0][name].requires_grad
+            self.register_parameter(_key(name), nn.Parameter(stacked, requires_grad=not frozen))
+        # member 0's Rotary computes the angles: its own for fixed frequencies, each member's for
+        # learned ones (the stacked `freqs`); kept out of the module tree and its parameters
+        self.rotary: list[Rotary] = [models[0].rotary] if models[0].rotary is not None else []
 
     def stacked(self, name: str) -> nn.Parameter:
         """The parameter `name` of the ViT, stacked over members: [S, ...]."""
@@ -113,15 +116,14 @@ class StackedViT(nn.Module):
 
     def rotary_tables(self) -> torch.Tensor | None:
         """cos/sin tables [S|1, depth|1, 2, 1|H, T, P] (None without RoPE)."""
-        cfg = self.cfg
-        if not cfg.uses_rope:
+        if not self.rotary:
             return None
-        if "rotary.freqs" in self.names:  # learned (mixed): [S, depth, H, P, 2] per member
-            freqs = self.stacked("rotary.freqs")
-        else:  # fixed (axial): [1, 1, 1, P, 2] shared
-            freqs = self.rotary_freqs[None]
-        angles = rotary_angles(freqs, cfg.grid, cfg.grid, cfg.rope_coords)  # [S|1, d|1, H|1, N, P]
-        return rotary_table(angles, cfg.num_prefix)
+        rotary, g, device = self.rotary[0], self.cfg.grid, self.stacked("head.weight").device
+        if "rotary.freqs" in self.names:  # learned: [S, depth, H, P, 2], angles per member
+            angles = functional_call(rotary, {"freqs": self.stacked("rotary.freqs")}, (g, g))
+        else:  # fixed: one set of angles for every member
+            angles = rotary(g, g).to(device)[None]
+        return rotary_table(angles, self.cfg.num_prefix)  # angles [S|1, depth|1, H|1, N, P]
 
     def attention(
         self, x: torch.Tensor, i: int, table: torch.Tensor | None, cls_only: bool = False

@@ -91,17 +91,12 @@ class Rotary(nn.Module):
 
     def forward(self, gh: int, gw: int) -> torch.Tensor:
         """Angles [depth or 1, H or 1, gh*gw, P] in radians."""
-        return rotary_angles(self.freqs, gh, gw, self.coords)
-
-
-def rotary_angles(freqs: torch.Tensor, gh: int, gw: int, coords: str) -> torch.Tensor:
-    """Angles [..., gh*gw, P] of frequencies freqs [..., P, 2] (fx, fy) on a gh x gw grid."""
-    row, col = grid_coords(gh, gw, freqs.device)
-    if coords == "centered":
-        row = 2 * math.pi * ((2 * row + 1) / gh - 1)
-        col = 2 * math.pi * ((2 * col + 1) / gw - 1)
-    fx, fy = freqs[..., 0], freqs[..., 1]  # [..., P]
-    return col[:, None] * fx[..., None, :] + row[:, None] * fy[..., None, :]
+        row, col = grid_coords(gh, gw, self.freqs.device)
+        if self.coords == "centered":
+            row = 2 * math.pi * ((2 * row + 1) / gh - 1)
+            col = 2 * math.pi * ((2 * col + 1) / gw - 1)
+        fx, fy = self.freqs[..., 0], self.freqs[..., 1]  # [depth|1, H|1, P]
+        return col[:, None] * fx[..., None, :] + row[:, None] * fy[..., None, :]
 
 
 def rotary_table(angles: torch.Tensor, num_prefix: int) -> torch.Tensor:
