@@ -128,6 +128,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", default="5", help="ensemble sizes, comma-separated (default 5)")
     p.add_argument("--precisions", default="fp32,bf16", help="fp32, bf16 or both (default)")
+    p.add_argument("--models", default="ape,rope_axial", help="encodings (default ape,rope_axial)")
     p.add_argument("--threads", default="1,0", help="thread counts to run at; 0: all (default 1,0)")
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
     p.add_argument(
@@ -159,7 +160,7 @@ def main() -> None:
         torch.set_num_threads(threads)
         for prec in precisions:
             peaks[threads, prec] = matmul_peak(DTYPES[prec], clock)
-        for posenc in ("ape", "rope_axial"):
+        for posenc in args.models.split(","):
             cfg = ModelConfig(posenc=posenc, dim=args.dim)
             flops = build_model(cfg).flops_per_image(train=True)
             x = torch.randn(args.batch, cfg.in_chans, cfg.image_size, cfg.image_size)
