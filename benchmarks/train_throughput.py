@@ -1,33 +1,56 @@
-"""Training throughput: poslens ViT vs timm's VisionTransformer of the same shape, same run.
+"""Training throughput: poslens ViT vs timm's VisionTransformer of the same shape, and S seeds
+trained as one ensemble vs S sequential runs, same run.
 
-Reports images/s of one full training step (forward, backward, AdamW) in fp32 and bf16 autocast,
-the ratio to timm, and the achieved matmul GFLOP/s against a matmul peak measured in this run.
+One training step is forward, backward, gradient-norm clipping (per model) and AdamW, at the
+default study's model size (width 64, depth 6, 4 heads, 32x32 images, patch 4, batch 64). For
+APE and RoPE-Axial, in fp32 and bf16 autocast, at one thread and at all threads, it reports
+images/s of one poslens model (what S sequential runs achieve), of timm's APE ViT, and of an
+S-seed ensemble (`poslens.training.ensemble`) counted over all its seeds (S x batch images per
+step), with the ratio to sequential runs and the achieved GFLOP/s (images/s x the
+model's flops_per_image(train=True)) as a share of a large matmul's GFLOP/s measured in this run
+at the same thread count. A precision this CPU does not run natively is skipped with a note (bf16
+without AVX512-BF16/AMX crawls). Candidates are measured in interleaved rounds; the table gives
+the median round and the range over rounds, since other processes may share the cores.
 
-    python benchmarks/train_throughput.py [--steps 20] [--batch 128]
+    python benchmarks/train_throughput.py [--seeds 2,5] [--precisions fp32,bf16] [--threads 1,0]
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
+import statistics
 import time
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
+from poslens.allocator import keep_freed_memory
 from poslens.models import ModelConfig, build_model
+from poslens.models.ensemble import StackedViT
+from poslens.training.config import RunConfig, TrainConfig
+from poslens.training.ensemble import train_step
+from poslens.training.train import autocast, make_optimizer, native_bf16
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
-def matmul_peak(dtype: torch.dtype, n: int = 2048, reps: int = 10) -> float:
-    """GFLOP/s of a large square matmul: the practical peak of this machine for `dtype`."""
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+Clock = Callable[[], float]
+
+
+def matmul_peak(dtype: torch.dtype, clock: Clock, n: int = 2048, reps: int = 5) -> float:
+    """GFLOP/s of a large square matmul, best of 3: the practical peak for `dtype` right now."""
     a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    a @ b
+    best = 0.0
     for _ in range(3):
-        a @ b
-    t = time.perf_counter()
-    for _ in range(reps):
-        a @ b
-    return 2 * n**3 * reps / (time.perf_counter() - t) / 1e9
+        t = clock()
+        for _ in range(reps):
+            a @ b
+        best = max(best, 2 * n**3 * reps / (clock() - t) / 1e9)
+    return best
 
 
 def timm_vit(cfg: ModelConfig) -> torch.nn.Module:
@@ -47,76 +70,149 @@ def timm_vit(cfg: ModelConfig) -> torch.nn.Module:
     )
 
 
-def images_per_s(
-    model: torch.nn.Module, cfg: ModelConfig, batch: int, steps: int, bf16: bool
-) -> float:
-    """Median-of-steps throughput of forward + backward + AdamW step."""
+Step = Callable[[], None]
+
+
+def single_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, precision: str) -> Step:
+    """One training step of one model, as train() takes it."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    x = torch.randn(batch, cfg.in_chans, cfg.image_size, cfg.image_size)
-    y = torch.randint(0, cfg.num_classes, (batch,))
-    ctx = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
-    times = []
-    for i in range(steps + 3):
-        t = time.perf_counter()
-        with ctx():
+
+    def step() -> None:
+        with autocast(precision, x.device):
             loss = F.cross_entropy(model(x).float(), y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        if i >= 3:
-            times.append(time.perf_counter() - t)
-    times.sort()
-    return batch / times[len(times) // 2]
+
+    return step
+
+
+def ensemble_step(
+    cfg: ModelConfig, seeds: int, x: torch.Tensor, y: torch.Tensor, precision: str, compile: bool
+) -> Step:
+    """One training step of an ensemble of `seeds` members, as train_ensemble() takes it."""
+    model = StackedViT([build_model(cfg, seed=s) for s in range(seeds)])
+    opt = make_optimizer(model.named_stacked(), RunConfig(train=TrainConfig()), member_dims=1)
+    if compile:
+        model.compile()
+
+    def step() -> None:
+        train_step(model, opt, x, y, 1e-3, precision, 1.0)
+
+    return step
+
+
+def measure(
+    candidates: dict[str, Step], rounds: int, steps: int, clock: Clock
+) -> tuple[dict[str, list[float]], dict[str, float]]:
+    """Seconds per step of each candidate in each round (rounds interleave the candidates), and
+    the seconds of each one's first step (torch.compile compiles then)."""
+    first = {}
+    for name, step in candidates.items():  # warm up: allocator, caches, oneDNN primitives
+        t = time.perf_counter()  # wall: compiling runs in worker processes
+        step()
+        first[name] = time.perf_counter() - t
+        step()
+    times: dict[str, list[float]] = {name: [] for name in candidates}
+    for _ in range(rounds):
+        for name, step in candidates.items():
+            t = clock()
+            for _ in range(steps):
+                step()
+            times[name].append((clock() - t) / steps)
+    return times, first
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--seeds", default="5", help="ensemble sizes, comma-separated (default 5)")
+    p.add_argument("--precisions", default="fp32,bf16", help="fp32, bf16 or both (default)")
+    p.add_argument("--models", default="ape,rope_axial", help="encodings (default ape,rope_axial)")
+    p.add_argument("--threads", default="1,0", help="thread counts to run at; 0: all (default 1,0)")
+    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
+    p.add_argument(
+        "--clock",
+        choices=tuple(CLOCKS),
+        default="wall",
+        help="wall (default), or cpu: this process's CPU seconds, which other processes on the "
+        "cores do not inflate; at 1 thread the work per second of a core of one's own, at more "
+        "threads it also counts the threads' waiting",
+    )
+    p.add_argument("--steps", type=int, default=3, help="timed steps per candidate and round")
     p.add_argument("--batch", type=int, default=64, help="default: the training default")
+    p.add_argument("--dim", type=int, default=64, help="default: the default study's width")
+    p.add_argument("--no-timm", action="store_true", help="leave out timm's ViT")
+    p.add_argument("--compile", action="store_true", help="also each ensemble under torch.compile")
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args()
+    clock = CLOCKS[args.clock]
+    keep_freed_memory()  # as the CLI does for its training processes
+    all_threads = torch.get_num_threads()
+    seeds = [int(s) for s in args.seeds.split(",")]
+    precisions = args.precisions.split(",")
+    if "bf16" in precisions and not native_bf16(torch.device("cpu")):
+        print("note: skipping bf16: this CPU has no native bf16 (no AVX512-BF16 or AMX)")
+        precisions.remove("bf16")
     torch.manual_seed(0)
-    peak = {"fp32": matmul_peak(torch.float32), "bf16": matmul_peak(torch.bfloat16)}
-    rows = []
-    for posenc in ("ape", "rope_axial"):
-        cfg = ModelConfig(posenc=posenc)
-        flops = build_model(cfg).flops_per_image(train=True)
-        for prec in ("fp32", "bf16"):
-            ours = images_per_s(
-                build_model(cfg, seed=0).train(), cfg, args.batch, args.steps, prec == "bf16"
-            )
-            theirs = images_per_s(
-                timm_vit(cfg).train(), cfg, args.batch, args.steps, prec == "bf16"
-            )
-            gflops = ours * flops / 1e9
-            rows.append(
-                {
-                    "posenc": posenc,
-                    "precision": prec,
-                    "poslens_img_s": ours,
-                    "timm_img_s": theirs,
-                    "ratio": ours / theirs,
-                    "gflop_s": gflops,
-                    "peak_gflop_s": peak[prec],
-                    "frac_of_peak": gflops / peak[prec],
-                }
-            )
-    print(
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads, batch {args.batch}, "
-        f"matmul peak fp32 {peak['fp32']:.0f} / bf16 {peak['bf16']:.0f} GFLOP/s"
-    )
-    print(
-        "| model (poslens) | precision | poslens img/s | timm img/s (APE ViT) | ratio | GFLOP/s | % of peak |"
-    )
-    print("|---|---|---|---|---|---|---|")
+    rows, peaks = [], {}
+    for threads in [int(t) or all_threads for t in args.threads.split(",")]:
+        torch.set_num_threads(threads)
+        for prec in precisions:
+            peaks[threads, prec] = matmul_peak(DTYPES[prec], clock)
+        for posenc in args.models.split(","):
+            cfg = ModelConfig(posenc=posenc, dim=args.dim)
+            flops = build_model(cfg).flops_per_image(train=True)
+            x = torch.randn(args.batch, cfg.in_chans, cfg.image_size, cfg.image_size)
+            y = torch.randint(0, cfg.num_classes, (args.batch,))
+            for prec in precisions:
+                candidates = {"poslens": single_step(build_model(cfg, seed=0), x, y, prec)}
+                if not args.no_timm:
+                    candidates["timm"] = single_step(timm_vit(cfg), x, y, prec)
+                for s in seeds:
+                    for comp in (False, True) if args.compile else (False,):
+                        name = f"ensemble{s}" + (" compiled" if comp else "")
+                        candidates[name] = ensemble_step(cfg, s, x, y, prec, comp)
+                times, first = measure(candidates, args.rounds, args.steps, clock)
+                for name, ts in times.items():
+                    ens = name.startswith("ensemble")
+                    members = int(name.split()[0].removeprefix("ensemble")) if ens else 1
+                    # images/s over all seeds: what S sequential runs are compared by
+                    rates = sorted(members * args.batch / t for t in ts)
+                    median = statistics.median(rates)
+                    rows.append({
+                        "threads": threads, "posenc": posenc, "precision": prec, "run": name,
+                        "seeds": members, "img_s": median, "img_s_range": [rates[0], rates[-1]],
+                        "gflop_s": median * flops / 1e9, "peak_gflop_s": peaks[threads, prec],
+                        "frac_of_peak": median * flops / 1e9 / peaks[threads, prec],
+                        "first_step_s": first[name],
+                    })  # fmt: skip
+    seq = {
+        (r["threads"], r["posenc"], r["precision"]): r["img_s"]
+        for r in rows
+        if r["run"] == "poslens"
+    }
+    print(f"torch {torch.__version__}, batch {args.batch}, width {args.dim}, {args.clock} clock; "
+          "matmul peak GFLOP/s: "
+          + ", ".join(f"{p} {t} thread(s) {v:.0f}" for (t, p), v in peaks.items()))  # fmt: skip
+    print("| threads | model | precision | run | img/s, all seeds (range) | vs sequential | "
+          "GFLOP/s | % of peak |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(
-            f"| {r['posenc']} | {r['precision']} | {r['poslens_img_s']:.0f} | {r['timm_img_s']:.0f} | "
-            f"{r['ratio']:.2f}x | {r['gflop_s']:.0f} | {r['frac_of_peak']:.0%} |"
+        ratio = r["img_s"] / seq[r["threads"], r["posenc"], r["precision"]]
+        lo, hi = r["img_s_range"]
+        run = {"poslens": "poslens (sequential)", "timm": "timm APE ViT"}.get(
+            r["run"], f"ensemble of {r['seeds']}"
         )
+        if r["run"].endswith("compiled"):
+            run += f", compiled (first step {r['first_step_s']:.0f} s)"
+        print(f"| {r['threads']} | {r['posenc']} | {r['precision']} | {run} | "
+              f"{r['img_s']:.0f} ({lo:.0f}-{hi:.0f}) | {ratio:.2f}x | "
+              f"{r['gflop_s']:.0f} | {r['frac_of_peak']:.0%} |")  # fmt: skip
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"peak": peak, "rows": rows}, f, indent=2)
+            json.dump({"clock": args.clock, "peaks": {f"{p}@{t}": v for (t, p), v in peaks.items()}, "rows": rows},
+                      f, indent=2)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -68,20 +68,48 @@ def _run_configs(args: argparse.Namespace) -> list[tuple[str, RunConfig]]:
     return [(name, apply_overrides(cfg, args.set or [])) for name, cfg in runs]
 
 
+def _seeds(text: str) -> list[int]:
+    """--seeds "0,1,2" -> [0, 1, 2]: distinct non-negative integers."""
+    try:
+        seeds = [int(s) for s in text.split(",")]
+    except ValueError:
+        raise UserError(f"--seeds takes comma-separated integers, got {text!r}") from None
+    if len(set(seeds)) != len(seeds) or min(seeds) < 0:
+        raise UserError(f"--seeds needs distinct non-negative integers, got {text!r}")
+    return seeds
+
+
 def cmd_train(args: argparse.Namespace) -> int:
+    import dataclasses
+
     from poslens.limits import check_output_dir
+    from poslens.training.ensemble import train_ensemble
     from poslens.training.train import train
 
     runs = _run_configs(args)
+    seeds = None if args.seeds is None else _seeds(args.seeds)
+    if args.compile and seeds is None:
+        raise UserError("--compile applies to ensembles: give --seeds too")
     out = Path(args.out)
     check_output_dir(out)
     results = []
     for name, cfg in runs:
         target = out / name if len(runs) > 1 else out
-        m = train(
-            cfg, target, resume=args.resume, progress=not args.no_progress, device=args.device
+        if seeds is None:
+            m = train(
+                cfg, target, resume=args.resume, progress=not args.no_progress, device=args.device
+            )
+            results.append((name, m, target))
+            continue
+        cfgs = [
+            dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, seed=k)) for k in seeds
+        ]
+        outs = [target / f"seed{k}" for k in seeds]
+        ms = train_ensemble(
+            cfgs, outs, args.resume, not args.no_progress, args.device, compile=args.compile
         )
-        results.append((name, m, target))
+        prefix = f"{name}/" if len(runs) > 1 else ""
+        results += [(f"{prefix}seed{k}", m, o) for k, m, o in zip(seeds, ms, outs, strict=True)]
     if not _rank_zero():  # under torchrun rank 0 reports; train() has saved and synchronised
         return 0
     if len(results) > 1:
@@ -375,6 +403,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--out", required=True, help="checkpoint folder (one subfolder per preset if several)"
     )
     t.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
+    t.add_argument(
+        "--seeds",
+        metavar="K,K,...",
+        help="train these train.seed values as one ensemble (faster than one by one), each into "
+        "OUT/seedK; the models equal separate runs up to float rounding",
+    )
+    t.add_argument(
+        "--compile",
+        action="store_true",
+        help="with --seeds: torch.compile the ensemble's training step (needs a C++ compiler; "
+        "the first compile of a config takes tens of seconds, later runs reuse its cache)",
+    )
     t.add_argument("--device", default="cpu", help=DEVICE_HELP)
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.set_defaults(fn=cmd_train)

@@ -198,3 +198,21 @@ def test_rope_coords_default_is_left_out_of_saved_configs() -> None:
     assert ModelConfig.from_dict(cfg.to_dict()) == cfg
     with pytest.raises(ConfigError, match="model.rope_coords"):
         ModelConfig(rope_coords="pixels")
+
+
+@pytest.mark.parametrize("posenc", ["rope_axial", "rope_mixed_ape"])
+@pytest.mark.parametrize("layout", ["interleaved", "half"])
+def test_unhooked_rotation_is_the_hooked_rotation_bit_for_bit(posenc: str, layout: str) -> None:
+    """Without hooks on q, k or the table, q and k rotate together in the qkv linear's layout:
+    the same numbers, forward and backward, as the per-head path that hooks see."""
+    model = tiny(posenc, rope_layout=layout, num_registers=1).train()
+    x = torch.randn(3, 1, 16, 16, generator=torch.Generator().manual_seed(2))
+    grads = []
+    for hooked in (False, True):
+        model.zero_grad()
+        noop = [("blocks.1.attn.hook_rot_k", lambda t, n: None)] if hooked else []
+        with model.hooks(noop):
+            out = model(x)
+        out.square().sum().backward()
+        grads.append([out.detach(), *(p.grad.clone() for p in model.parameters())])
+    assert all(torch.equal(a, b) for a, b in zip(*grads, strict=True))

@@ -24,6 +24,7 @@ from poslens.models.posenc import (
     rotary_table,
     rotate,
     sincos_2d,
+    token_major_tables,
 )
 
 
@@ -61,12 +62,22 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, rotary: torch.Tensor | None) -> torch.Tensor:
         B, T, D = x.shape
-        qkv = self.qkv(x).reshape(B, T, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        q, k, v = self.hook_q(qkv[0]), self.hook_k(qkv[1]), self.hook_v(qkv[2])
-        if self.rope_layout is not None and rotary is not None:
-            cos, sin = channel_tables(self.hook_rotary(rotary), self.rope_layout, q.dtype)
-            q = self.hook_rot_q(rotate(q, cos, sin, self.rope_layout))
-            k = self.hook_rot_k(rotate(k, cos, sin, self.rope_layout))
+        qkv = self.qkv(x).reshape(B, T, 3, self.heads, self.head_dim)  # token-major
+        rope = self.rope_layout is not None and rotary is not None
+        if rope and not any(h.active for h in self.rotation_hooks()):
+            # nobody reads or rewrites q, k or the table: rotate q and k together in the linear's
+            # layout, over contiguous memory (the same numbers as the per-head path below)
+            cos, sin = token_major_tables(rotary, self.rope_layout, qkv.dtype, 2, self.heads)
+            qk = rotate(qkv[:, :, :2], cos, sin, self.rope_layout)  # [B, T, 2, H, dh]
+            q, k = qk.permute(2, 0, 3, 1, 4).unbind(0)
+            v = self.hook_v(qkv[:, :, 2].transpose(1, 2))
+        else:
+            qkv = qkv.permute(2, 0, 3, 1, 4)
+            q, k, v = self.hook_q(qkv[0]), self.hook_k(qkv[1]), self.hook_v(qkv[2])
+            if rope:
+                cos, sin = channel_tables(self.hook_rotary(rotary), self.rope_layout, q.dtype)
+                q = self.hook_rot_q(rotate(q, cos, sin, self.rope_layout))
+                k = self.hook_rot_k(rotate(k, cos, sin, self.rope_layout))
         reads_pattern = self.hook_attn_scores.active or self.hook_pattern.active
         records_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
         if not reads_pattern and (x.is_cuda or not records_grad):
@@ -84,6 +95,12 @@ class Attention(nn.Module):
             result = self.hook_result(torch.einsum("bhtd,ohd->btho", z, w))
             return result.sum(dim=2) + self.proj.bias
         return self.proj(z.transpose(1, 2).reshape(B, T, D))
+
+    def rotation_hooks(self) -> list[HookPoint]:
+        """The hook points on q and k and the rotation table (none without RoPE)."""
+        if self.rope_layout is None:
+            return []
+        return [self.hook_q, self.hook_k, self.hook_rotary, self.hook_rot_q, self.hook_rot_k]
 
 
 class Mlp(nn.Module):

@@ -16,6 +16,7 @@ import json
 import math
 import platform
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,7 @@ from poslens.io import (
     save_tensors,
     write_json,
 )
-from poslens.models.config import config_mismatch
+from poslens.models.config import ModelConfig, config_mismatch
 from poslens.models.vit import ViT, build_model
 from poslens.precision import autocast, resolve_precision
 from poslens.training.config import RunConfig
@@ -85,13 +86,18 @@ def lr_at(step: int, total: int, base: float, warmup_frac: float) -> float:
     return base * 0.5 * (1 + math.cos(math.pi * min(1.0, t)))
 
 
-def make_optimizer(model: ViT, cfg: RunConfig) -> torch.optim.AdamW:
-    """AdamW with weight decay on matrices only (not on biases, norms, tokens or embeddings)."""
+def make_optimizer(
+    named_parameters: Iterable[tuple[str, torch.nn.Parameter]], cfg: RunConfig, member_dims: int = 0
+) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices only (not on biases, norms, tokens or embeddings).
+
+    An ensemble's stacked parameters carry `member_dims` leading member dimensions, not counted.
+    """
     decay, no_decay = [], []
-    for name, p in model.named_parameters():
+    for name, p in named_parameters:
         if not p.requires_grad:  # a planted, frozen position code
             continue
-        is_matrix = p.ndim >= 2 and name.endswith("weight")
+        is_matrix = p.ndim - member_dims >= 2 and name.endswith("weight")
         (decay if is_matrix else no_decay).append(p)
     groups = [
         {"params": decay, "weight_decay": cfg.train.weight_decay},
@@ -111,17 +117,35 @@ def evaluate(
     """Accuracy and mean cross-entropy over a fixed set."""
     was_training = model.training
     model.eval()
-    device = model.head.weight.device
-    correct, loss = 0, 0.0
+    try:
+        device = model.head.weight.device
+        return score(lambda x: model(x)[None], 1, device, images, labels, precision, batch_size)[0]
+    finally:
+        model.train(was_training)
+
+
+@torch.no_grad()
+def score(
+    forward: Callable[[torch.Tensor], torch.Tensor],
+    models: int,
+    device: torch.device,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    precision: str,
+    batch_size: int = 500,
+) -> list[dict[str, float]]:
+    """Accuracy and mean cross-entropy of M models over a fixed set, where `forward` maps images
+    [B, C, H, W] to the models' logits [M, B, num_classes]."""
+    correct, loss = [0] * models, [0.0] * models
     for s in range(0, len(images), batch_size):
         x, y = images[s : s + batch_size].to(device), labels[s : s + batch_size].to(device)
         with autocast(device, precision):
-            logits = model(x).float()
-        correct += int((logits.argmax(-1) == y).sum())
-        loss += float(F.cross_entropy(logits, y, reduction="sum"))
-    model.train(was_training)
+            logits = forward(x).float()  # [M, B, num_classes]
+        for m, lg in enumerate(logits):
+            correct[m] += int((lg.argmax(-1) == y).sum())
+            loss[m] += float(F.cross_entropy(lg, y, reduction="sum"))
     n = max(1, len(images))
-    return {"acc": correct / n, "loss": loss / n}
+    return [{"acc": c / n, "loss": sum_ / n} for c, sum_ in zip(correct, loss, strict=True)]
 
 
 def model_config_for(cfg: RunConfig, task: Task) -> RunConfig:
@@ -135,10 +159,27 @@ def model_config_for(cfg: RunConfig, task: Task) -> RunConfig:
 def save_checkpoint(
     out: Path, model: ViT, opt: torch.optim.Optimizer, cfg: RunConfig, step: int, history: list
 ) -> None:
+    """Config, weights and resume state of `model` and its optimiser (see write_checkpoint)."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    moments = {
+        names[id(p)]: opt.state.get(p, {}) for group in opt.param_groups for p in group["params"]
+    }
+    write_checkpoint(out, cfg, step, history, model.state_dict(), moments)
+
+
+def write_checkpoint(
+    out: Path,
+    cfg: RunConfig,
+    step: int,
+    history: list,
+    weights: dict[str, torch.Tensor],
+    moments: dict[str, dict[str, Any]],
+) -> None:
     """Config, weights (for loading) and the resume state, each file written atomically.
 
-    The resume state holds weights and optimiser moments in one file, so a kill between two
-    writes can never pair weights of one step with moments of another.
+    `moments` maps a parameter name to its AdamW state. The resume state holds weights and
+    optimiser moments in one file, so a kill between two writes can never pair weights of one
+    step with moments of another.
     """
     meta = {
         "step": str(step),
@@ -146,38 +187,24 @@ def save_checkpoint(
         **cfg.model.weights_metadata(),
         **data_metadata(cfg.data),
     }
-    weights = model.state_dict()
     write_json(out / CONFIG, {"poslens_version": __version__, **cfg.to_dict()})
     save_tensors(out / WEIGHTS, weights, meta)
-    names = {id(p): n for n, p in model.named_parameters()}
     state = {f"model::{k}": v for k, v in weights.items()}
-    for group in opt.param_groups:
-        for p in group["params"]:
-            for key, value in opt.state.get(p, {}).items():
-                state[f"optim::{names[id(p)]}::{key}"] = torch.as_tensor(value)
+    for name, param_state in moments.items():
+        for key, value in param_state.items():
+            state[f"optim::{name}::{key}"] = torch.as_tensor(value)
     save_tensors(out / STATE, state, {**meta, "history": json.dumps(history)})
 
 
-def load_resume_state(out: Path, model: ViT, opt: torch.optim.Optimizer) -> tuple[int, list]:
-    """Restore weights and optimiser moments from the resume state; returns (step, history)."""
+def read_resume_state(
+    out: Path, model_cfg: ModelConfig | None = None
+) -> tuple[int, list, dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]]]:
+    """(step, history, weights, AdamW state by parameter name) from the resume state in `out`;
+    refuses one saved for another model than `model_cfg`."""
     meta = read_metadata(out / STATE)  # the header goes through the same guard as any weights
-    why = config_mismatch(model.cfg, meta)
+    why = None if model_cfg is None else config_mismatch(model_cfg, meta)
     if why is not None:
         raise CheckpointError(f"the resume state in {out} belongs to another model: {why}")
-    flat = load_tensors(out / STATE)
-    weights = {k.removeprefix("model::"): v for k, v in flat.items() if k.startswith("model::")}
-    try:
-        model.load_state_dict(weights)
-    except RuntimeError:
-        raise CheckpointError(f"the resume state in {out} does not fit this model") from None
-    params = dict(model.named_parameters())
-    for key, value in flat.items():
-        if not key.startswith("optim::"):
-            continue
-        pname, _, skey = key.removeprefix("optim::").partition("::")
-        if pname not in params:
-            raise CheckpointError(f"optimiser state in {out} names unknown parameter {pname}")
-        opt.state[params[pname]][skey] = value
     try:
         step = int(meta["step"])
     except (KeyError, ValueError):
@@ -185,7 +212,98 @@ def load_resume_state(out: Path, model: ViT, opt: torch.optim.Optimizer) -> tupl
     history = parse_json(meta.get("history", "[]"), f"the training history in {out / STATE}")
     if not isinstance(history, list):
         raise CheckpointError(f"the training history in {out / STATE} is not a list")
+    weights: dict[str, torch.Tensor] = {}
+    moments: dict[str, dict[str, torch.Tensor]] = {}
+    for key, value in load_tensors(out / STATE).items():
+        if key.startswith("model::"):
+            weights[key.removeprefix("model::")] = value
+        elif key.startswith("optim::"):
+            pname, _, skey = key.removeprefix("optim::").partition("::")
+            moments.setdefault(pname, {})[skey] = value
+    return step, history, weights, moments
+
+
+def load_resume_state(out: Path, model: ViT, opt: torch.optim.Optimizer) -> tuple[int, list]:
+    """Restore weights and optimiser moments from the resume state; returns (step, history)."""
+    step, history, weights, moments = read_resume_state(out, model.cfg)
+    try:
+        model.load_state_dict(weights)
+    except RuntimeError:
+        raise CheckpointError(f"the resume state in {out} does not fit this model") from None
+    params = dict(model.named_parameters())
+    for pname, param_state in moments.items():
+        if pname not in params:
+            raise CheckpointError(f"optimiser state in {out} names unknown parameter {pname}")
+        opt.state[params[pname]].update(param_state)
     return step, history
+
+
+def has_resume_state(out: Path, cfg: RunConfig, resume: bool) -> bool:
+    """Whether `out` holds a run to continue; refuses a different config, or a run without
+    `resume`. Removes the temp files that a killed atomic write may have left."""
+    if resume:
+        for name in (CONFIG, WEIGHTS, STATE, METRICS):
+            for tmp in out.glob(f".{name}.*.tmp"):
+                tmp.unlink(missing_ok=True)
+    if resume and (out / STATE).is_file():
+        saved = read_json(out / CONFIG, "checkpoint config", MAX_CONFIG_BYTES)
+        if isinstance(saved, dict):
+            saved.pop("poslens_version", None)
+        if saved != cfg.to_dict():
+            raise CheckpointError(f"--resume: the config in {out} differs from the requested one")
+        return True
+    if (out / STATE).is_file() or (out / METRICS).is_file():
+        raise CheckpointError(
+            f"{out} already holds a run; pass --resume to continue it or pick another --out"
+        )
+    return False
+
+
+def last_train_batches(task: Task, cfg: RunConfig, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The batches of the last training steps, at least n images (each step's batch is
+    reproducible): the set that the "train" accuracy is measured on."""
+    total, bs = cfg.train.steps, cfg.train.batch_size
+    last = [
+        task.train_batch(s, bs)
+        for s in range(total - 1, max(-1, total - 1 - math.ceil(n / bs)), -1)
+    ]
+    return torch.cat([b[0] for b in last]), torch.cat([b[1] for b in last])
+
+
+def history_entry(step: int, ev: dict[str, float], train_loss: float) -> dict[str, Any]:
+    """One periodic evaluation in metrics.json's history."""
+    return {"step": step, "val_acc": ev["acc"], "val_loss": ev["loss"], "train_loss": train_loss}
+
+
+def run_metrics(
+    cfg: RunConfig,
+    task: Task,
+    scores: dict[str, dict[str, float]],
+    history: list,
+    precision: str,
+    num_params: int,
+    trained_images: int,
+    wall: float,
+    start: int,
+) -> dict[str, Any]:
+    """metrics.json of a finished run; `scores` holds its train, val and test evaluation."""
+    return {
+        "posenc": cfg.model.posenc,
+        "task": cfg.data.task,
+        "steps": cfg.train.steps,
+        **scores,
+        "chance": 1.0 / task.num_classes,
+        "steps_to_90": next((h["step"] for h in history if h["val_acc"] >= 0.9), None),
+        "history": history,
+        "precision": precision,
+        "num_params": num_params,
+        "train_images_per_s": trained_images / wall if wall > 0 and trained_images else None,
+        "train_seconds": wall,
+        "resumed_from": start,
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "machine": platform.machine(),
+    }
 
 
 def train(
@@ -220,7 +338,7 @@ def train(
     cfg = model_config_for(cfg, task)
     precision = resolve_precision(cfg.train.precision, dev)
     model = build_model(cfg.model, seed=cfg.train.seed).to(dev)
-    opt = make_optimizer(model, cfg)
+    opt = make_optimizer(model.named_parameters(), cfg)
     net: torch.nn.Module = model
     if world > 1:
         from torch.nn.parallel import DistributedDataParallel
@@ -230,21 +348,8 @@ def train(
     val_x, val_y = val_x[: cfg.train.eval_images], val_y[: cfg.train.eval_images]
 
     start, history = 0, []
-    if resume:  # a killed run may have left the temp file of an unfinished atomic write
-        for name in (CONFIG, WEIGHTS, STATE, METRICS):
-            for tmp in out.glob(f".{name}.*.tmp"):
-                tmp.unlink(missing_ok=True)
-    if resume and (out / STATE).is_file():
-        saved = read_json(out / CONFIG, "checkpoint config", MAX_CONFIG_BYTES)
-        if isinstance(saved, dict):
-            saved.pop("poslens_version", None)
-        if saved != cfg.to_dict():
-            raise CheckpointError(f"--resume: the config in {out} differs from the requested one")
+    if has_resume_state(out, cfg, resume):
         start, history = load_resume_state(out, model, opt)
-    elif (out / STATE).is_file() or (out / METRICS).is_file():
-        raise CheckpointError(
-            f"{out} already holds a run; pass --resume to continue it or pick another --out"
-        )
 
     total, bs = cfg.train.steps, cfg.train.batch_size
     model.train()
@@ -270,18 +375,11 @@ def train(
             done = step + 1
             rate = trained_images / (time.perf_counter() - t0)
             loss_value = loss.item()
-            _check_finite(loss_value, done, cfg, world)
+            check_finite(loss_value, done, cfg, world)
             bar.update(done, loss=loss_value, images_per_s=rate)
             if main_rank and (done % cfg.train.eval_every == 0 or done == total):
                 ev = evaluate(model, val_x, val_y, precision)
-                history.append(
-                    {
-                        "step": done,
-                        "val_acc": ev["acc"],
-                        "val_loss": ev["loss"],
-                        "train_loss": loss_value,
-                    }
-                )
+                history.append(history_entry(done, ev, loss_value))
                 bar.log_eval(done, ev["acc"])
             if main_rank and done % cfg.train.ckpt_every == 0 and done != total:
                 save_checkpoint(out, model, opt, cfg, done, history)
@@ -289,31 +387,15 @@ def train(
 
     model.eval()
     test_x, test_y = task.split("test")
-    # training accuracy on the images of the last training steps (each step's batch is reproducible)
-    last = [
-        task.train_batch(s, bs)
-        for s in range(total - 1, max(-1, total - 1 - math.ceil(len(test_y) / bs)), -1)
-    ]
-    train_x, train_y = torch.cat([b[0] for b in last]), torch.cat([b[1] for b in last])
-    metrics = {
-        "posenc": cfg.model.posenc,
-        "task": cfg.data.task,
-        "steps": total,
+    train_x, train_y = last_train_batches(task, cfg, len(test_y))
+    scores = {
         "train": evaluate(model, train_x, train_y, precision),
         "val": evaluate(model, *task.split("val"), precision),
         "test": evaluate(model, test_x, test_y, precision),
-        "chance": 1.0 / task.num_classes,
-        "steps_to_90": next((h["step"] for h in history if h["val_acc"] >= 0.9), None),
-        "history": history,
-        "precision": precision,
-        "num_params": model.num_params(),
-        "train_images_per_s": trained_images / wall if wall > 0 and trained_images else None,
-        "train_seconds": wall,
-        "resumed_from": start,
-        "torch": torch.__version__,
-        "threads": torch.get_num_threads(),
-        "machine": platform.machine(),
     }
+    metrics = run_metrics(
+        cfg, task, scores, history, precision, model.num_params(), trained_images, wall, start
+    )
     if world > 1:
         metrics["processes"] = world
     if not all(bool(torch.isfinite(p).all()) for p in model.parameters()):
@@ -328,7 +410,7 @@ def train(
     return metrics
 
 
-def _check_finite(loss: float, step: int, cfg: RunConfig, world: int) -> None:
+def check_finite(loss: float, step: int, cfg: RunConfig, world: int, who: str = "") -> None:
     """Stop a run whose loss is NaN or infinite (all ranks together under torchrun, so none
     waits for the others): a diverged run must fail, not save NaN weights as finished."""
     bad = not math.isfinite(loss)
@@ -337,6 +419,6 @@ def _check_finite(loss: float, step: int, cfg: RunConfig, world: int) -> None:
         bad = bool(flag.item() > 0)
     if bad:
         raise TrainingDiverged(
-            f"training diverged at step {step}: the loss is {loss} (train.lr={cfg.train.lr:g}; "
+            f"training diverged at step {step}{who}: the loss is {loss} (train.lr={cfg.train.lr:g}; "
             "try a lower train.lr); the run was stopped and not marked finished"
         )

@@ -1,0 +1,292 @@
+"""Train the seeds of one configuration as one ensemble: S models that share every kernel call.
+
+Member s is the model that `train(cfgs[s], outs[s])` gives: the same initialisation (its own
+train.seed), the same batches (they depend on data.seed and the step only), AdamW with its own
+moments, warmup + cosine, its own gradient-norm clipping, the same periodic evaluations. Only the
+float rounding of grouped kernels differs. Each member checkpoints into its own folder, in the
+files and format of `train()`, so `poslens.load` and `train(..., resume=True)` read them.
+
+A killed ensemble resumes from its members' checkpoints. If the kill fell between two members'
+writes, the members that are behind first train alone up to the others, then all go on together.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from poslens import distributed
+from poslens.data import Task, build_task
+from poslens.errors import CheckpointError, ConfigError
+from poslens.io import write_json
+from poslens.models.ensemble import StackedViT
+from poslens.models.vit import build_model
+from poslens.training.config import RunConfig
+from poslens.training.progress import TrainProgress
+from poslens.training.train import (
+    METRICS,
+    TrainingDiverged,
+    autocast,
+    check_finite,
+    has_resume_state,
+    history_entry,
+    last_train_batches,
+    lr_at,
+    make_optimizer,
+    model_config_for,
+    read_resume_state,
+    resolve_precision,
+    run_metrics,
+    score,
+    withholds_rotations,
+    write_checkpoint,
+)
+
+
+@dataclasses.dataclass
+class _Member:
+    """One seed's run: where it checkpoints, and what it has done so far."""
+
+    cfg: RunConfig
+    out: Path
+    resumed_from: int = 0
+    trained_images: int = 0
+    seconds: float = 0.0
+
+
+def train_ensemble(
+    cfgs: Sequence[RunConfig],
+    outs: Sequence[str | Path],
+    resume: bool = False,
+    progress: bool = False,
+    device: str = "cpu",
+    compile: bool = False,
+) -> list[dict[str, Any]]:
+    """Train one model per config as one ensemble; configs may differ in train.seed alone.
+
+    Checkpoints go to outs[s] as `train()` writes them; returns (and writes) each member's
+    metrics, which also record `"ensemble": S`. `compile`: torch.compile the training step's
+    forward and backward (needs a C++ compiler; inductor's fused kernels change the float
+    rounding). The first compile of a configuration takes tens of seconds, later ones reuse
+    inductor's cache; it paid back within a few hundred steps (benchmarks/train_throughput.py).
+    """
+    if len(cfgs) != len(outs) or not cfgs:
+        raise ConfigError(f"an ensemble needs one output folder per config, got {len(cfgs)} "
+                          f"configs and {len(outs)} folders")  # fmt: skip
+    paths = [Path(o) for o in outs]
+    if len({p.resolve() for p in paths}) != len(paths):
+        raise ConfigError("the members of an ensemble need distinct output folders")
+    first = _without_seed(cfgs[0])
+    for cfg in cfgs[1:]:
+        if _without_seed(cfg) != first:
+            raise ConfigError("the configs of an ensemble may differ in train.seed only")
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ConfigError("ensemble training runs in one process; under torchrun use `train`")
+    from poslens.limits import check_device, check_output_dir, check_training
+
+    dev = distributed.device_for(device)
+    check_device(str(dev))
+    for p in paths:
+        check_output_dir(p)
+    check_training(cfgs[0], device)
+    if cfgs[0].train.threads:
+        torch.set_num_threads(cfgs[0].train.threads)
+    task = build_task(cfgs[0].data)
+    members = [_Member(model_config_for(c, task), p) for c, p in zip(cfgs, paths, strict=True)]
+    steps = [_step_of(m, resume) for m in members]
+    for m, s in zip(members, steps, strict=True):
+        m.resumed_from = s
+    # members behind (a kill between two members' checkpoints) catch up with the others first
+    while len(set(steps)) > 1:
+        lo, hi = sorted(set(steps))[:2]
+        behind = [m for m, s in zip(members, steps, strict=True) if s == lo]
+        _run(behind, task, dev, lo, hi, progress, compile)
+        steps = [_step_of(m, True) for m in members]
+    return _run(members, task, dev, steps[0], members[0].cfg.train.steps, progress, compile)
+
+
+def _without_seed(cfg: RunConfig) -> dict[str, Any]:
+    d = cfg.to_dict()
+    d["train"].pop("seed")
+    return d
+
+
+def _step_of(m: _Member, resume: bool) -> int:
+    """The step that member m's folder holds a resume state for (0: none)."""
+    if not has_resume_state(m.out, m.cfg, resume):
+        return 0
+    return read_resume_state(m.out, m.cfg.model)[0]
+
+
+def _run(
+    members: list[_Member],
+    task: Task,
+    dev: torch.device,
+    start: int,
+    stop: int,
+    progress: bool,
+    compile: bool,
+) -> list[dict[str, Any]]:
+    """Train `members`, all at step `start`, as one stacked model up to `stop`, checkpointing as
+    `train()` does; after the last step, evaluate them and write their metrics (returned)."""
+    cfg = members[0].cfg
+    total, bs = cfg.train.steps, cfg.train.batch_size
+    precision = resolve_precision(cfg.train.precision, dev)
+    model = StackedViT([build_model(m.cfg.model, seed=m.cfg.train.seed) for m in members]).to(dev)
+    opt = make_optimizer(model.named_stacked(), cfg, member_dims=1)
+    histories: list[list] = [[] for _ in members]
+    if start:
+        histories = _load(members, model, opt, start)
+    if compile:
+        model.compile()  # the training steps' calls; evaluation calls model.forward, eager
+    val_x, val_y = task.split("val")
+    val_x, val_y = val_x[: cfg.train.eval_images], val_y[: cfg.train.eval_images]
+    model.train()
+    t0 = time.perf_counter()
+    label = f"{cfg.model.posenc} x{len(members)}"
+    with TrainProgress(total, start, enabled=progress, label=label) as bar:
+        for step in range(start, stop):
+            x, y = task.train_batch(step, bs)
+            lr = lr_at(step, total, cfg.train.lr, cfg.train.warmup_frac)
+            withheld = cfg.model.depth // 2 if withholds_rotations(cfg, step) else 0
+            losses = train_step(
+                model, opt, x.to(dev), y.to(dev), lr, precision, cfg.train.grad_clip, withheld
+            )
+            done = step + 1
+            for m, loss in zip(members, losses.tolist(), strict=True):
+                check_finite(loss, done, m.cfg, 1, f" (seed {m.cfg.train.seed})")
+            for m in members:
+                m.trained_images += bs
+            loss_values = losses.tolist()
+            rate = len(members) * bs * (done - start) / (time.perf_counter() - t0)
+            bar.update(done, loss=sum(loss_values) / len(members), images_per_s=rate)
+            if done % cfg.train.eval_every == 0 or done == total:
+                evals = _score(model, val_x, val_y, precision)
+                for h, ev, loss in zip(histories, evals, loss_values, strict=True):
+                    h.append(history_entry(done, ev, loss))
+                bar.log_eval(done, sum(ev["acc"] for ev in evals) / len(evals))
+            if done != total and (done % cfg.train.ckpt_every == 0 or done == stop):
+                _save(members, model, opt, done, histories)
+    for m in members:
+        m.seconds += time.perf_counter() - t0
+    if stop != total:
+        return []
+
+    test_x, test_y = task.split("test")
+    train_x, train_y = last_train_batches(task, cfg, len(test_y))
+    sets = {"train": (train_x, train_y), "val": task.split("val"), "test": (test_x, test_y)}
+    scores = {name: _score(model, *xy, precision) for name, xy in sets.items()}
+    results = []
+    for s, (m, history) in enumerate(zip(members, histories, strict=True)):
+        metrics = run_metrics(
+            m.cfg, task, {name: scores[name][s] for name in sets}, history, precision,
+            model.num_params(), m.trained_images, m.seconds, m.resumed_from,
+        )  # fmt: skip
+        metrics["ensemble"] = len(members)
+        results.append(metrics)
+    _save(members, model, opt, total, histories)
+    for s, m in enumerate(members):
+        if not all(bool(torch.isfinite(p[s]).all()) for _, p in model.named_stacked()):
+            raise TrainingDiverged(
+                f"training ended with non-finite weights in seed {m.cfg.train.seed} "
+                f"(train.lr={cfg.train.lr:g}); nothing in {m.out} was marked finished"
+            )
+    for m, metrics in zip(members, results, strict=True):
+        write_json(m.out / METRICS, metrics)  # last: the run is finished
+    return results
+
+
+def train_step(
+    model: StackedViT,
+    opt: torch.optim.Optimizer,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    lr: float,
+    precision: str,
+    grad_clip: float,
+    withheld: int = 0,
+) -> torch.Tensor:
+    """One AdamW step of every member on the batch x [B, C, H, W], y [B]; their losses [S].
+    withheld: rotations off in blocks [0, withheld) for this step (train.rotary_dropout)."""
+    for g in opt.param_groups:
+        g["lr"] = lr
+    with autocast(x.device, precision):
+        logits = model(x, withheld)  # [S, B, num_classes]
+    # each member's loss as train() computes it; their sum gives each its own gradient
+    losses = torch.stack([F.cross_entropy(lg.float(), y) for lg in logits])  # [S]
+    opt.zero_grad(set_to_none=True)
+    losses.sum().backward()
+    if grad_clip:
+        clip_grad_norms([p for _, p in model.named_stacked()], grad_clip)
+    opt.step()
+    return losses.detach()
+
+
+def clip_grad_norms(params: Sequence[torch.Tensor], max_norm: float) -> None:
+    """torch.nn.utils.clip_grad_norm_ for each member alone, on stacked parameters [S, ...]."""
+    norms = [
+        torch.linalg.vector_norm(p.grad.flatten(1), dim=1) for p in params if p.grad is not None
+    ]
+    total = torch.linalg.vector_norm(torch.stack(norms, dim=1), dim=1)  # [S]
+    coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
+    for p in params:
+        if p.grad is not None:
+            p.grad.mul_(coef.view(-1, *[1] * (p.ndim - 1)))
+
+
+@torch.no_grad()
+def _score(
+    model: StackedViT, images: torch.Tensor, labels: torch.Tensor, precision: str
+) -> list[dict[str, float]]:
+    """Each member's accuracy and mean cross-entropy, as `evaluate` gives it."""
+    dev = next(model.parameters()).device
+    return score(model.forward, model.size, dev, images, labels, precision)
+
+
+def _load(
+    members: list[_Member], model: StackedViT, opt: torch.optim.Optimizer, step: int
+) -> list[list]:
+    """Stack the members' resume states, all at `step`, into `model` and `opt`; returns each
+    member's evaluation history."""
+    states = [read_resume_state(m.out, m.cfg.model) for m in members]
+    for m, (s, _, weights, moments) in zip(members, states, strict=True):
+        if s != step or set(weights) != set(model.names) or not set(moments) <= set(weights):
+            raise CheckpointError(f"the resume state in {m.out} does not fit this ensemble")
+    with torch.no_grad():
+        for name, p in model.named_stacked():
+            stacked = torch.stack([weights[name] for _, _, weights, _ in states])
+            if stacked.shape != p.shape:
+                raise CheckpointError(f"the resume state of {name} does not fit this model")
+            p.copy_(stacked)
+            if name in states[0][3]:  # AdamW's step count is one number; the moments per member
+                opt.state[p] = {
+                    key: (
+                        v if v.ndim == 0 else torch.stack([st[3][name][key] for st in states])
+                    ).to(p.device)
+                    for key, v in states[0][3][name].items()
+                }
+    return [history for _, history, _, _ in states]
+
+
+def _save(
+    members: list[_Member], model: StackedViT, opt: torch.optim.Optimizer, step: int,
+    histories: list[list],
+) -> None:  # fmt: skip
+    """Each member's checkpoint, exactly as `train()` writes it."""
+    for s, (m, history) in enumerate(zip(members, histories, strict=True)):
+        moments = {
+            name: {k: v if v.ndim == 0 else v[s] for k, v in opt.state[p].items()}
+            for name, p in model.named_stacked()
+            if p in opt.state
+        }
+        write_checkpoint(m.out, m.cfg, step, history, model.member_state(s), moments)
+
+
+__all__ = ["clip_grad_norms", "train_ensemble", "train_step"]
