@@ -16,7 +16,7 @@ from poslens.progress import progress_bar
 from poslens.study.executor import Executor, InProcess, LocalPool, OnEvent, Rerun, Task
 from poslens.study.plan import Plan, RunPlan
 from poslens.study.slurm import SlurmOptions, SubmititPool
-from poslens.study.stages import Events, StageEvent, run_one
+from poslens.study.stages import Events, StageEvent, run_one, train_group
 
 RunResult = tuple[dict[str, Any], list[dict[str, Any]]]  # results.json entry, stage timings
 
@@ -30,6 +30,22 @@ def run_task(run: RunPlan, out: Path, device: str, threads: int, events: Events)
     device = resolve_device(device)
     check_device(device)
     return run_one(run, out, device, threads, events)
+
+
+def train_task(
+    runs: list[RunPlan], device: str, threads: int, events: Events
+) -> dict[int, tuple[float, bool]]:
+    """One model configuration's seeds trained as one ensemble, as an executor task."""
+    import torch
+
+    from poslens.cli import resolve_device
+    from poslens.limits import check_device
+
+    device = resolve_device(device)
+    check_device(device)
+    if threads:
+        torch.set_num_threads(threads)
+    return train_group(runs, device, events)
 
 
 def make_executor(plan: Plan, slurm: SlurmOptions | None = None) -> Executor:
@@ -86,15 +102,34 @@ def _display(plan: Plan, enabled: bool) -> Iterator[OnEvent]:
 
 
 def execute(plan: Plan, executor: Executor, progress: bool) -> dict[tuple[str, int], RunResult]:
-    """Every run of the plan, by (model, seed), through `executor` (see make_executor)."""
+    """Every run of the plan, by (model, seed), through `executor` (see make_executor): first
+    each trained model's seeds as one ensemble (one task per model), then one task per model and
+    seed for its experiments. A run's training timing is its share of its ensemble's."""
+    groups: dict[str, list[RunPlan]] = {}
+    for r in plan.runs:
+        if r.run_config is not None:
+            groups.setdefault(r.model, []).append(r)
+    train_tasks = [
+        Task(f"{model} seeds {runs[0].seed}-{runs[-1].seed}", train_task,
+             (runs, plan.device, plan.threads))
+        for model, runs in groups.items()
+    ]  # fmt: skip
     tasks = {
         (r.model, r.seed): Task(f"{r.model} seed {r.seed}", run_task,
                                 (r, plan.out, plan.device, plan.threads))
         for r in plan.runs
     }  # fmt: skip
     with _display(plan, progress) as on_event:
+        trained = executor.run(train_tasks, on_event) if train_tasks else {}
         by_key = executor.run(list(tasks.values()), on_event)
-    return {run: by_key[t.key] for run, t in tasks.items()}
+    results = {run: by_key[t.key] for run, t in tasks.items()}
+    for task, (model, _) in zip(train_tasks, groups.items(), strict=True):
+        for seed, (seconds, reused) in trained[task.key].items():
+            _, timings = results[model, seed]
+            for t in timings:
+                if t["stage"] == "train":
+                    t.update(seconds=round(seconds, 2), reused=reused)
+    return results
 
 
 __all__ = ["execute", "make_executor", "run_task"]

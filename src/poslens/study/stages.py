@@ -116,6 +116,34 @@ def train_stage(run: RunPlan, device: str) -> tuple[dict[str, Any], bool]:
     return train(rc, ckpt, resume=resume, progress=False, device=device), False
 
 
+def train_group(
+    runs: list[RunPlan], device: str, events: Events | None = None
+) -> dict[int, tuple[float, bool]]:
+    """Train every seed of one model configuration as one ensemble (the seeds whose checkpoint is
+    not finished; a partial one resumes), before their analysis. Returns per seed (seconds of
+    training attributed to it, reused)."""
+    from poslens.training.ensemble import train_ensemble
+    from poslens.training.train import FINISHED
+
+    todo = [r for r in runs if r.checkpoint is not None and not (r.checkpoint / FINISHED).is_file()]
+    first = {r.seed: r.stages[0] for r in runs}
+    for r in todo:
+        if events is not None:
+            events.put(StageEvent("start", first[r.seed]))
+    t0 = time.perf_counter()
+    if todo:
+        cfgs = [r.run_config for r in todo]
+        assert all(c is not None for c in cfgs)
+        train_ensemble(cfgs, [r.checkpoint for r in todo], resume=True, device=device)  # type: ignore[misc]
+    share = (time.perf_counter() - t0) / max(1, len(todo))
+    trained = {r.seed for r in todo}
+    out = {r.seed: (share if r.seed in trained else 0.0, r.seed not in trained) for r in runs}
+    for r in todo:
+        if events is not None:
+            events.put(StageEvent("done", first[r.seed], round(share, 2), False))
+    return out
+
+
 @torch.no_grad()
 def load_stage(source: Source, ecfg: ExperimentConfig, device: str) -> dict[str, Any]:
     """A pretrained run's first stage: load the model and images, and measure test accuracy on the
