@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import replace
 from importlib import resources
 from pathlib import Path
@@ -244,3 +245,18 @@ def test_train_set_items_can_target_one_encoding() -> None:
     assert checkpoint_dir(out, "ape", 0, ape) == checkpoint_dir(
         out, "ape", 0, run_config(cfg, "ape", 0, threads=1)
     )
+
+
+def test_without_a_terminal_each_finished_stage_is_one_log_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """stderr is not a terminal under pytest, as in CI or nohup: the study writes one line per
+    finished stage (stage, model, seed, seconds, ETA) instead of a progress bar or nothing."""
+    cfg = replace(TINY_STUDY, models=("rope_axial",), seeds=1,
+                  experiments=("depth_profile", "axis_map"))  # fmt: skip
+    run_study(cfg, tmp_path / "out", progress=True, jobs=1)
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("poslens: [")]
+    assert [ln.split("]")[0] for ln in lines] == ["poslens: [1/3", "poslens: [2/3", "poslens: [3/3"]
+    assert lines[0].startswith("poslens: [1/3] train rope_axial seed 0: ")
+    assert all(re.search(r": (\d+\.\d s|reused); ETA (\d+ s|\?)$", ln) for ln in lines), lines
+    assert lines[-1].endswith("ETA 0 s")

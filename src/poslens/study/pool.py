@@ -5,6 +5,7 @@ StageEvents."""
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -66,13 +67,20 @@ def _say(bar: Progress | None, line: str) -> None:
 
 @contextmanager
 def _display(plan: Plan, enabled: bool) -> Iterator[OnEvent]:
-    """The executor's event callback, keeping the study's progress line: the running stages
-    (experiment, model, seed), stages done and the ETA; a lost run's rerun is said in one line."""
+    """The executor's event callback, keeping the study's progress: on a terminal a progress line
+    (the running stages, stages done, ETA); elsewhere (a log file, CI, nohup) one line per
+    finished stage with its seconds and the ETA. A lost run's rerun is said in one line."""
     running: dict[str, str] = {}  # task -> its running stage's label
     done: set[tuple[str, int, str]] = set()  # a rerun's reused stages are not counted again
-    total = plan.stages_total
+    total, weight = plan.stages_total, sum(r.weight for r in plan.runs)
+    done_weight, start = 0.0, time.perf_counter()
+
+    def eta() -> str:
+        left = (time.perf_counter() - start) * (weight - done_weight) / max(done_weight, 1e-9)
+        return f"{round(left)} s" if done_weight else "?"
 
     def update(bar: Progress | None, task: Any, key: str, ev: StageEvent | Rerun) -> None:
+        nonlocal done_weight
         if isinstance(ev, Rerun):
             running.pop(key, None)
             _say(bar, f"poslens: {key}: {ev.why}; running it again (finished stages are kept)")
@@ -85,6 +93,11 @@ def _display(plan: Plan, enabled: bool) -> Iterator[OnEvent]:
             if (st.model, st.seed, st.kind) not in done:
                 done.add((st.model, st.seed, st.kind))
                 advance = st.weight
+                done_weight += advance
+                if lines:
+                    what = "reused" if ev.reused else f"{ev.seconds:.1f} s"
+                    _say(None, f"poslens: [{len(done)}/{total}] {st.kind} {st.model} seed "
+                               f"{st.seed}: {what}; ETA {eta()}")  # fmt: skip
         if bar is not None:
             bar.update(
                 task,
@@ -93,11 +106,12 @@ def _display(plan: Plan, enabled: bool) -> Iterator[OnEvent]:
                 done=f"{len(done)}/{total}",
             )
 
-    if not enabled:
+    lines = enabled and not sys.stderr.isatty()
+    if not enabled or lines:
         yield lambda key, ev: update(None, None, key, ev)
         return
     with progress_bar("{task.fields[done]}", min_width=120) as bar:
-        task = bar.add_task("study", total=sum(r.weight for r in plan.runs), done=f"0/{total}")
+        task = bar.add_task("study", total=weight, done=f"0/{total}")
         yield lambda key, ev: update(bar, task, key, ev)
 
 
