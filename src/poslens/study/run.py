@@ -73,10 +73,12 @@ def _run(plan: Plan, executor: Executor, progress: bool) -> dict[str, Any]:
     by_run = execute(plan, executor, progress)
     runs_seconds = time.perf_counter() - start
     runs = {m: [by_run[m, s][0] for s in range(cfg.seeds)] for m in cfg.model_keys}
+    # a trained model's encoding (a calibration model's is the one it is built on)
+    posenc = {r.model: r.run_config.model.posenc for r in plan.runs if r.run_config is not None}
     timings = [t for r in plan.runs for t in by_run[r.model, r.seed][1]]
     models = {
         m: {
-            "posenc": runs[m][0]["pretrained"]["posenc"] if cfg.pretrained else m,
+            "posenc": runs[m][0]["pretrained"]["posenc"] if cfg.pretrained else posenc[m],
             "runs": runs[m],
             "aggregate": aggregate(runs[m], cfg.experiments),
         }
