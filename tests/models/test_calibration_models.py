@@ -10,7 +10,7 @@ from poslens.interventions import axis_map, rotary_mask
 from poslens.metrics.stats import row_col_share
 from poslens.models import ModelConfig, build_model
 from poslens.training.config import PRESETS, RunConfig, TrainConfig, preset
-from poslens.training.train import make_optimizer, withholds_rotations
+from poslens.training.train import make_optimizer, withheld_blocks
 
 SMALL = dict(image_size=24, patch_size=4, dim=32, depth=4, heads=4, num_classes=4)
 
@@ -32,7 +32,9 @@ def test_planted_codes_have_the_planted_structure_and_are_frozen() -> None:
     m = build_model(ModelConfig(posenc="ape", ape_code="cell", **SMALL), seed=0)  # type: ignore[arg-type]
     assert not m.pos_embed.requires_grad
     cfg = RunConfig(model=m.cfg)
-    in_opt = {id(p) for g in make_optimizer(m, cfg).param_groups for p in g["params"]}
+    in_opt = {
+        id(p) for g in make_optimizer(m.named_parameters(), cfg).param_groups for p in g["params"]
+    }
     assert id(m.pos_embed) not in in_opt
     learned = build_model(ModelConfig(posenc="ape", **SMALL), seed=0)  # type: ignore[arg-type]
     assert (
@@ -69,7 +71,7 @@ def test_first_half_rotation_equals_masking_the_later_blocks() -> None:
 def test_calibration_presets_and_config_checks() -> None:
     assert {"ape_rowcol", "ape_cell", "rope_oblique", "rope_rebuild", "rope_early"} <= set(PRESETS)
     rb = preset("rope_rebuild")
-    assert rb.model.rope_variant == "head_split" and rb.train.rotary_dropout == 0.5
+    assert rb.model.rope_variant == "head_split" and rb.train.rotary_dropout == pytest.approx(1 / 3)
     # fields added later stay out of to_dict at their default: old checkpoint hashes hold
     assert "ape_code" not in preset("ape").to_dict()["model"]
     assert "rotary_dropout" not in preset("ape").to_dict()["train"]
@@ -79,13 +81,15 @@ def test_calibration_presets_and_config_checks() -> None:
     with pytest.raises(ConfigError, match="model.rope_variant"):
         ModelConfig(posenc="rope_mixed", rope_variant="oblique")
     with pytest.raises(ConfigError, match="train.rotary_dropout"):
-        TrainConfig(rotary_dropout=1.5)
+        TrainConfig(rotary_dropout=0.6)
 
 
 def test_rotary_dropout_schedule_is_shared_by_seeds_and_resumable() -> None:
-    cfg = preset("rope_rebuild")
-    steps = [withholds_rotations(cfg, s) for s in range(400)]
-    assert 0.4 < sum(steps) / len(steps) < 0.6
-    other_seed = RunConfig(cfg.model, cfg.data, TrainConfig(seed=7, rotary_dropout=0.5))
-    assert steps == [withholds_rotations(other_seed, s) for s in range(400)]  # data seed decides
-    assert not any(withholds_rotations(preset("rope_axial"), s) for s in range(50))
+    cfg = preset("rope_rebuild")  # depth 6: the halves are blocks 0-2 and 3-5
+    steps = [withheld_blocks(cfg, s) for s in range(600)]
+    early, late = steps.count(range(3)), steps.count(range(3, 6))
+    assert early + late + steps.count(range(0)) == 600  # one half, the other, or none
+    assert 150 < early < 250 and 150 < late < 250
+    other_seed = RunConfig(cfg.model, cfg.data, TrainConfig(seed=7, rotary_dropout=1 / 3))
+    assert steps == [withheld_blocks(other_seed, s) for s in range(600)]  # data seed decides
+    assert not any(withheld_blocks(preset("rope_axial"), s) for s in range(50))

@@ -69,7 +69,11 @@ def split(kept: float | None, rand: float, n: int = SEEDS) -> dict[str, dict[str
             "axis_row.retention_probe_fixed_col": jitter(kept, n),
             "axis_col.retention_probe_fixed_row": jitter(kept + 0.2, n),
         }  # fmt: skip
-    return {"position_removal": pr, "axis_map": {"row_planes_per_head": [4.0] * n}}
+    aligned = 1.0 if kept is not None else 0.0
+    return {
+        "position_removal": pr,
+        "axis_map": {"row_planes_per_head": [4.0] * n, "fraction_axis_aligned": [aligned] * n},
+    }
 
 
 def windows(relative: float, n: int = SEEDS) -> dict[str, dict[str, list[float]]]:
@@ -96,7 +100,7 @@ def claim(claims: list[dict[str, Any]], cid: str) -> dict[str, Any]:
 
 def test_ape_claim_is_calibrated_on_planted_codes() -> None:
     ms = models(ape=sae(0.6, 0.1), ape_rowcol=sae(0.7, 0.1), sincos=sae(0.5, 0.05),
-                ape_cell=sae(0.05, 0.02), none=sae(0.0, 0.0))  # fmt: skip
+                ape_cell=sae(0.05, 0.02))  # fmt: skip
     c = claim(evaluate_claims(ms), "ape_explicit_features")
     assert c["calibration"]["passed"] and c["calibration"]["sensitivity"] == 1.0
     assert c["calibration"]["specificity"] == 1.0

@@ -174,15 +174,15 @@ class StackedViT(nn.Module):
         mlp = self.linear(self.layer_norm(h, f"blocks.{i}.ln2"), f"blocks.{i}.mlp.fc1")
         return h + self.linear(F.gelu(mlp), f"blocks.{i}.mlp.fc2")
 
-    def forward(self, x: torch.Tensor, withheld: int = 0) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, withheld: range = range(0)) -> torch.Tensor:
         """Images [B, C, H, W] -> every member's logits [S, B, num_classes]; rotations are
-        withheld (identity, as rotary_mask makes them) in blocks [0, withheld)."""
+        withheld (identity, as rotary_mask makes them) in the `withheld` blocks."""
         cfg = self.cfg
         h = self.embed(x)
         tables = self.rotary_tables()
         for i in range(cfg.depth):
             table = None if tables is None else tables[:, min(i, tables.shape[1] - 1)]
-            if table is not None and i < withheld:  # cos 1, sin 0: the identity rotation
+            if table is not None and i in withheld:  # cos 1, sin 0: the identity rotation
                 table = torch.stack(
                     [torch.ones_like(table[:, 0]), torch.zeros_like(table[:, 1])], 1
                 )

@@ -71,23 +71,29 @@ def ape_rowcol_effect(v: View) -> Values:
     return _zip(lambda a, b: 0.0 if math.isnan(a) else a - b, drop, ctrl)
 
 
+ALIGNED = 0.5  # a split needs at least half of the planes to follow one axis (axis map)
+
+
 def rope_split_effect(v: View) -> Values:
     """The fixed probe of the other axis kept after one axis's planes are removed (the smaller of
     the two retentions) minus the larger retention of either axis after as many random planes
-    per head are removed: 0 where the axis map finds no planes of one axis (no split)."""
+    per head are removed; 0 in a seed where fewer than half the planes follow one axis (no split
+    to test: the axis map finds the planes oblique)."""
     e = "position_removal"
     n = v.seeds(e)
-    if not (v.has(e, "axis_row.accuracy") and v.has(e, "axis_col.accuracy")):
-        return [0.0] * n
-    per_head = v.values("axis_map", "row_planes_per_head")
-    kept = _zip(min, v.values(e, "axis_row.retention_probe_fixed_col"),
-                v.values(e, "axis_col.retention_probe_fixed_row"))  # fmt: skip
+    aligned = v.values("axis_map", "fraction_axis_aligned") or [0.0] * n
+    per_head = v.values("axis_map", "row_planes_per_head") or [math.nan] * n
+    row_kept = v.values(e, "axis_row.retention_probe_fixed_col") or [math.nan] * n
+    col_kept = v.values(e, "axis_col.retention_probe_fixed_row") or [math.nan] * n
     out = []
-    for seed, k in enumerate(kept):
-        rnd = f"random_{round(per_head[seed])}" if seed < len(per_head) else ""
-        cols = [v.values(e, f"{rnd}.retention_probe_fixed_{t}") for t in ("row", "col")]
-        r = max(cols[0][seed], cols[1][seed]) if all(len(c) > seed for c in cols) else math.nan
-        out.append(k - r)
+    for seed in range(n):
+        if not aligned[seed] >= ALIGNED:
+            out.append(0.0)
+            continue
+        rnd = f"random_{round(per_head[seed])}"
+        rand = [v.values(e, f"{rnd}.retention_probe_fixed_{t}") for t in ("row", "col")]
+        r = max(rand[0][seed], rand[1][seed]) if all(len(c) > seed for c in rand) else math.nan
+        out.append(min(row_kept[seed], col_kept[seed]) - r)
     return out
 
 
@@ -164,7 +170,7 @@ RULES = (
         0.10,
         study=("ape",),
         positive=("ape_rowcol", "sincos"),
-        negative=("ape_cell", "none"),
+        negative=("ape_cell",),
         would_change="Zeroing the row and column latents moving the intact model's probe less "
         "than a tenth of the way to chance beyond matched random latents, as when the SAE "
         "factors position into cells.",

@@ -47,9 +47,10 @@ class TrainConfig:
     ckpt_every: int = 250
     seed: int = 0
     threads: int = 0  # torch intra-op threads; 0 = all cores
-    # Probability per step that rotations are withheld in the first half of the blocks
-    # ([0, depth // 2)) for the whole batch, drawn from (data seed, step): trains a RoPE model
-    # whose later blocks must rebuild position (the calibration model rope_rebuild).
+    # Probability per step that rotations are withheld in the first half of the blocks, and (as
+    # much again) in the second half, for the whole batch, drawn from (data seed, step): trains a
+    # RoPE model whose two halves each suffice, so the later blocks take over position when the
+    # early ones lose it (the calibration model rope_rebuild).
     rotary_dropout: float = 0.0
 
     def __post_init__(self) -> None:
@@ -63,9 +64,10 @@ class TrainConfig:
         positive_float("train.lr", self.lr)
         for name in ("weight_decay", "grad_clip"):
             positive_float(f"train.{name}", getattr(self, name), allow_zero=True)
-        if not 0 <= self.rotary_dropout <= 1:
+        if not 0 <= self.rotary_dropout <= 0.5:
             raise ConfigError(
-                f"train.rotary_dropout must be in [0, 1], got {self.rotary_dropout!r}"
+                f"train.rotary_dropout must be in [0, 0.5] (each half of the blocks), got "
+                f"{self.rotary_dropout!r}"
             )
         if not 0 <= self.warmup_frac < 1:
             raise ConfigError(f"train.warmup_frac must be in [0, 1), got {self.warmup_frac!r}")
@@ -124,11 +126,12 @@ CALIBRATION: dict[str, dict[str, dict[str, Any]]] = {
     "ape_cell": {"model": {"posenc": "ape", "ape_code": "cell"}},
     # axial planes turned 45 degrees: no plane follows one axis
     "rope_oblique": {"model": {"posenc": "rope_axial", "rope_variant": "oblique"}},
-    # heads of one axis each, trained with rotations withheld early half the time: later
-    # (axis-specialised) heads must rebuild position
+    # heads of one axis each, trained with the early or the late blocks' rotations withheld a
+    # third of the time each: either half suffices, so later (axis-specialised) heads take over
+    # position when it is withheld early (compensation by design)
     "rope_rebuild": {
         "model": {"posenc": "rope_axial", "rope_variant": "head_split"},
-        "train": {"rotary_dropout": 0.5},
+        "train": {"rotary_dropout": 1 / 3},
     },
     # rotations in the first half of the blocks only: later blocks cannot rebuild through them
     "rope_early": {"model": {"posenc": "rope_axial", "rope_blocks": "first_half"}},

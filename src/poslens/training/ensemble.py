@@ -45,7 +45,7 @@ from poslens.training.train import (
     resolve_precision,
     run_metrics,
     score,
-    withholds_rotations,
+    withheld_blocks,
     write_checkpoint,
 )
 
@@ -155,7 +155,7 @@ def _run(
         for step in range(start, stop):
             x, y = task.train_batch(step, bs)
             lr = lr_at(step, total, cfg.train.lr, cfg.train.warmup_frac)
-            withheld = cfg.model.depth // 2 if withholds_rotations(cfg, step) else 0
+            withheld = withheld_blocks(cfg, step)
             losses = train_step(
                 model, opt, x.to(dev), y.to(dev), lr, precision, cfg.train.grad_clip, withheld
             )
@@ -211,10 +211,10 @@ def train_step(
     lr: float,
     precision: str,
     grad_clip: float,
-    withheld: int = 0,
+    withheld: range = range(0),
 ) -> torch.Tensor:
     """One AdamW step of every member on the batch x [B, C, H, W], y [B]; their losses [S].
-    withheld: rotations off in blocks [0, withheld) for this step (train.rotary_dropout)."""
+    withheld: the blocks whose rotations are off at this step (train.rotary_dropout)."""
     for g in opt.param_groups:
         g["lr"] = lr
     with autocast(x.device, precision):

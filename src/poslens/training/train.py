@@ -56,25 +56,31 @@ class TrainingDiverged(UserError):
     """The loss (or a weight) stopped being finite: the run is stopped, never marked finished."""
 
 
-def withholds_rotations(cfg: RunConfig, step: int) -> bool:
-    """Whether train.rotary_dropout withholds rotations at this step: drawn from (data seed,
-    step) alone, so every seed of one config (and a resumed run) sees the same schedule."""
-    p = cfg.train.rotary_dropout
+def withheld_blocks(cfg: RunConfig, step: int) -> range:
+    """The blocks whose rotations train.rotary_dropout withholds at this step: the first half of
+    the blocks with probability p, the second half with probability p, else none (never both).
+    Drawn from (data seed, step) alone, so every seed of one config (and a resumed run) sees the
+    same schedule."""
+    p, depth = cfg.train.rotary_dropout, cfg.model.depth
     if p <= 0:
-        return False
+        return range(0)
     g = torch.Generator().manual_seed(1_000_003 * cfg.data.seed + step)
-    return bool(torch.rand((), generator=g) < p)
+    u = float(torch.rand((), generator=g))
+    if u < p:
+        return range(depth // 2)
+    return range(depth // 2, depth) if u < 2 * p else range(0)
 
 
 def withheld_rotations(
     model: ViT, cfg: RunConfig, step: int
 ) -> contextlib.AbstractContextManager[Any]:
-    """Rotations off in the first half of the blocks when this step withholds them."""
-    if not withholds_rotations(cfg, step):
+    """Rotations off in the blocks train.rotary_dropout withholds at this step."""
+    blocks = withheld_blocks(cfg, step)
+    if not blocks:
         return contextlib.nullcontext()
     from poslens.interventions import rotary_mask
 
-    return rotary_mask(model, blocks=range(model.cfg.depth // 2))
+    return rotary_mask(model, blocks=blocks)
 
 
 def lr_at(step: int, total: int, base: float, warmup_frac: float) -> float:
