@@ -21,6 +21,11 @@ from poslens.io import MAX_CONFIG_BYTES
 from poslens.models.config import POSENCS, ModelConfig
 
 PRECISIONS = ("auto", "fp32", "bf16")
+# TrainConfig fields added after the first release, with the default that RunConfig.to_dict leaves
+# out, so that saved configs (and the study's checkpoint hashes) written before them stay the same.
+LATER_TRAIN_FIELDS: dict[str, Any] = {"stop_acc": 0.0}
+# Early stopping: the run stops once this many consecutive evaluations reach train.stop_acc.
+STOP_EVALS = 2
 # Model fields that always come from the data task, so the two can never disagree.
 FROM_DATA = ("image_size", "in_chans", "num_classes")
 
@@ -45,6 +50,10 @@ class TrainConfig:
     ckpt_every: int = 250
     seed: int = 0
     threads: int = 0  # torch intra-op threads; 0 = all cores
+    # Early stopping: stop once the periodic validation accuracy (eval_every, on eval_images) is
+    # at least stop_acc at STOP_EVALS consecutive evaluations; 0 trains all `steps`. The schedule
+    # still spans `steps`; metrics.json records the step it stopped at ("stopped_at").
+    stop_acc: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "eval_every", "eval_images", "ckpt_every"):
@@ -60,6 +69,17 @@ class TrainConfig:
         if not 0 <= self.warmup_frac < 1:
             raise ConfigError(f"train.warmup_frac must be in [0, 1), got {self.warmup_frac!r}")
         one_of("train.precision", self.precision, PRECISIONS)
+        v = self.stop_acc
+        if not (isinstance(v, int | float) and not isinstance(v, bool) and 0 <= v <= 1):
+            raise ConfigError(f"train.stop_acc must be in [0, 1], got {self.stop_acc!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields; those added after the first release only when not at their default."""
+        d = asdict(self)
+        for name, default in LATER_TRAIN_FIELDS.items():
+            if d[name] == default:
+                del d[name]
+        return d
 
 
 @dataclass(frozen=True)
@@ -74,7 +94,7 @@ class RunConfig:
         return {
             "model": self.model.to_dict(),
             "data": asdict(self.data),
-            "train": asdict(self.train),
+            "train": self.train.to_dict(),
         }
 
     @classmethod

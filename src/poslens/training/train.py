@@ -38,7 +38,7 @@ from poslens.io import (
 from poslens.models.config import config_mismatch
 from poslens.models.vit import ViT, build_model
 from poslens.precision import autocast, resolve_precision
-from poslens.training.config import RunConfig
+from poslens.training.config import STOP_EVALS, RunConfig
 from poslens.training.progress import TrainProgress
 
 CONFIG, WEIGHTS, STATE, METRICS = (
@@ -225,12 +225,13 @@ def train(
         )
 
     total, bs = cfg.train.steps, cfg.train.batch_size
+    stopped_at = stop_step(history, cfg.train.stop_acc)  # a resumed run that had already stopped
     model.train()
     t0, trained_images = time.perf_counter(), 0
     bar = TrainProgress(total, start, enabled=progress and main_rank, label=cfg.model.posenc)
     shard = slice(rank * bs // world, (rank + 1) * bs // world)  # this rank's part of each batch
     with bar:
-        for step in range(start, total):
+        for step in range(start, total if stopped_at is None else start):
             x, y = task.train_batch(step, bs)
             x, y = x[shard].to(dev), y[shard].to(dev)
             lr = lr_at(step, total, cfg.train.lr, cfg.train.warmup_frac)
@@ -261,16 +262,21 @@ def train(
                     }
                 )
                 bar.log_eval(done, ev["acc"])
+            if cfg.train.stop_acc and done % cfg.train.eval_every == 0:
+                stopped_at = _agreed_stop(stop_step(history, cfg.train.stop_acc), done, world)
+                if stopped_at is not None:
+                    break
             if main_rank and done % cfg.train.ckpt_every == 0 and done != total:
                 save_checkpoint(out, model, opt, cfg, done, history)
     wall = time.perf_counter() - t0
+    end = total if stopped_at is None else stopped_at  # the step the weights were trained to
 
     model.eval()
     test_x, test_y = task.split("test")
     # training accuracy on the images of the last training steps (each step's batch is reproducible)
     last = [
         task.train_batch(s, bs)
-        for s in range(total - 1, max(-1, total - 1 - math.ceil(len(test_y) / bs)), -1)
+        for s in range(end - 1, max(-1, end - 1 - math.ceil(len(test_y) / bs)), -1)
     ]
     train_x, train_y = torch.cat([b[0] for b in last]), torch.cat([b[1] for b in last])
     metrics = {
@@ -292,6 +298,8 @@ def train(
         "threads": torch.get_num_threads(),
         "machine": platform.machine(),
     }
+    if cfg.train.stop_acc:
+        metrics["stopped_at"] = stopped_at  # None: the target was not reached, all steps ran
     if world > 1:
         metrics["processes"] = world
     if not all(bool(torch.isfinite(p).all()) for p in model.parameters()):
@@ -300,10 +308,31 @@ def train(
             f"nothing in {out} was marked finished"
         )
     if main_rank:
-        save_checkpoint(out, model, opt, cfg, total, history)
+        save_checkpoint(out, model, opt, cfg, end, history)
         write_json(out / FINISHED, metrics)  # last: the run is finished (module docstring)
     distributed.barrier()
     return metrics
+
+
+def stop_step(history: list[dict[str, Any]], stop_acc: float) -> int | None:
+    """The step of the first evaluation that closes STOP_EVALS consecutive evaluations with
+    val_acc >= stop_acc (early stopping, train.stop_acc); None if none does or stop_acc is 0."""
+    if not stop_acc:
+        return None
+    run = 0
+    for h in history:
+        run = run + 1 if h["val_acc"] >= stop_acc else 0
+        if run >= STOP_EVALS:
+            return int(h["step"])
+    return None
+
+
+def _agreed_stop(stop: int | None, step: int, world: int) -> int | None:
+    """Rank 0 alone evaluates: under torchrun every rank stops at the step rank 0 decided."""
+    if world > 1:
+        flag = distributed.all_reduce_sum(torch.tensor([float(stop is not None)]))
+        return step if flag.item() > 0 else None
+    return stop
 
 
 def _check_finite(loss: float, step: int, cfg: RunConfig, world: int) -> None:
