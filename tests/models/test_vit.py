@@ -216,3 +216,27 @@ def test_unhooked_rotation_is_the_hooked_rotation_bit_for_bit(posenc: str, layou
         out.square().sum().backward()
         grads.append([out.detach(), *(p.grad.clone() for p in model.parameters())])
     assert all(torch.equal(a, b) for a, b in zip(*grads, strict=True))
+
+
+def test_sincos_temperature_sets_the_table_and_defaults_stay_out_of_saved_configs() -> None:
+    """Pair i of an axis turns temperature^(-i / (dim/4)) rad per patch; the default (10000) is
+    left out of saved configs, so sincos checkpoints written before the field keep their hash."""
+    assert "sincos_temperature" not in ModelConfig(posenc="sincos").to_dict()
+    cfg = ModelConfig(**{**TINY, "posenc": "sincos", "sincos_temperature": 100.0})
+    assert ModelConfig.from_dict(cfg.to_dict()) == cfg
+    model = build_model(cfg, seed=0).eval()
+    table = model.pos_embed_for(4, 4)  # [1, 16, 32]: column sin | column cos | row sin | row cos
+    quarter = cfg.dim // 4
+    col1 = table[0, 1]  # token (row 0, col 1)
+    for i in range(quarter):
+        angle = torch.tensor(100.0 ** (-i / quarter))
+        torch.testing.assert_close(col1[i], angle.sin())
+        torch.testing.assert_close(col1[quarter + i], angle.cos())
+    default = build_model(ModelConfig(**{**TINY, "posenc": "sincos"}), seed=0).eval()
+    x = torch.randn(2, 1, 16, 16, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert not torch.allclose(model(x), default(x))  # same weights, another table
+    with pytest.raises(ConfigError, match="model.sincos_temperature"):
+        ModelConfig(posenc="ape", sincos_temperature=100.0)
+    with pytest.raises(ConfigError, match="model.sincos_temperature"):
+        ModelConfig(posenc="sincos", sincos_temperature=0.0)

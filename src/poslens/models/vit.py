@@ -222,7 +222,8 @@ class ViT(HookedModule):
     def pos_embed_for(self, gh: int, gw: int) -> torch.Tensor:
         """The additive embedding [1, gh*gw, D] for this grid (APE resampled, sincos computed)."""
         if self.cfg.posenc == "sincos":
-            return sincos_2d(gh, gw, self.cfg.dim).to(self.head.weight.device)
+            table = sincos_2d(gh, gw, self.cfg.dim, self.cfg.sincos_temperature)
+            return table.to(self.head.weight.device)
         assert self.pos_embed is not None
         g = self.cfg.grid
         return resample_pos_embed(self.pos_embed, (g, g), (gh, gw))

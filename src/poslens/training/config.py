@@ -21,8 +21,11 @@ from poslens.io import MAX_CONFIG_BYTES
 from poslens.models.config import POSENCS, ModelConfig
 
 PRECISIONS = ("auto", "fp32", "bf16")
-# Train fields added after the first release, with the default RunConfig.to_dict leaves out.
-LATER_TRAIN: dict[str, Any] = {"rotary_dropout": 0.0}
+# TrainConfig fields added after the first release, with the default that RunConfig.to_dict leaves
+# out, so that saved configs (and the study's checkpoint hashes) written before them stay the same.
+LATER_TRAIN_FIELDS: dict[str, Any] = {"stop_acc": 0.0, "rotary_dropout": 0.0}
+# Early stopping: the run stops once this many consecutive evaluations reach train.stop_acc.
+STOP_EVALS = 2
 # Model fields that always come from the data task, so the two can never disagree.
 FROM_DATA = ("image_size", "in_chans", "num_classes")
 
@@ -52,6 +55,10 @@ class TrainConfig:
     # RoPE model whose two halves each suffice, so the later blocks take over position when the
     # early ones lose it (the calibration model rope_rebuild).
     rotary_dropout: float = 0.0
+    # Early stopping: stop once the periodic validation accuracy (eval_every, on eval_images) is
+    # at least stop_acc at STOP_EVALS consecutive evaluations; 0 trains all `steps`. The schedule
+    # still spans `steps`; metrics.json records the step it stopped at ("stopped_at").
+    stop_acc: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "eval_every", "eval_images", "ckpt_every"):
@@ -72,6 +79,17 @@ class TrainConfig:
         if not 0 <= self.warmup_frac < 1:
             raise ConfigError(f"train.warmup_frac must be in [0, 1), got {self.warmup_frac!r}")
         one_of("train.precision", self.precision, PRECISIONS)
+        v = self.stop_acc
+        if not (isinstance(v, int | float) and not isinstance(v, bool) and 0 <= v <= 1):
+            raise ConfigError(f"train.stop_acc must be in [0, 1], got {self.stop_acc!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields; those added after the first release only when not at their default."""
+        d = asdict(self)
+        for name, default in LATER_TRAIN_FIELDS.items():
+            if d[name] == default:
+                del d[name]
+        return d
 
 
 @dataclass(frozen=True)
@@ -83,14 +101,11 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready; train fields added after the first release only when not at their
-        default, so the study's checkpoint hashes of earlier configs stay the same."""
-        train = {
-            k: v
-            for k, v in asdict(self.train).items()
-            if k not in LATER_TRAIN or v != LATER_TRAIN[k]
+        return {
+            "model": self.model.to_dict(),
+            "data": asdict(self.data),
+            "train": self.train.to_dict(),
         }
-        return {"model": self.model.to_dict(), "data": asdict(self.data), "train": train}
 
     @classmethod
     def from_dict(cls, d: Any, base: RunConfig | None = None) -> RunConfig:

@@ -40,7 +40,7 @@ from poslens.io import (
 from poslens.models.config import ModelConfig, config_mismatch
 from poslens.models.vit import ViT, build_model
 from poslens.precision import autocast, resolve_precision
-from poslens.training.config import RunConfig
+from poslens.training.config import STOP_EVALS, RunConfig
 from poslens.training.progress import TrainProgress
 
 CONFIG, WEIGHTS, STATE, METRICS = (
@@ -265,10 +265,12 @@ def has_resume_state(out: Path, cfg: RunConfig, resume: bool) -> bool:
     return False
 
 
-def last_train_batches(task: Task, cfg: RunConfig, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The batches of the last training steps, at least n images (each step's batch is
-    reproducible): the set that the "train" accuracy is measured on."""
-    total, bs = cfg.train.steps, cfg.train.batch_size
+def last_train_batches(
+    task: Task, cfg: RunConfig, n: int, end: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The batches of the last training steps before `end` (default: all steps), at least n
+    images (each step's batch is reproducible): the set the "train" accuracy is measured on."""
+    total, bs = cfg.train.steps if end is None else end, cfg.train.batch_size
     last = [
         task.train_batch(s, bs)
         for s in range(total - 1, max(-1, total - 1 - math.ceil(n / bs)), -1)
@@ -358,12 +360,13 @@ def train(
         start, history = load_resume_state(out, model, opt)
 
     total, bs = cfg.train.steps, cfg.train.batch_size
+    stopped_at = stop_step(history, cfg.train.stop_acc)  # a resumed run that had already stopped
     model.train()
     t0, trained_images = time.perf_counter(), 0
     bar = TrainProgress(total, start, enabled=progress and main_rank, label=cfg.model.posenc)
     shard = slice(rank * bs // world, (rank + 1) * bs // world)  # this rank's part of each batch
     with bar:
-        for step in range(start, total):
+        for step in range(start, total if stopped_at is None else start):
             x, y = task.train_batch(step, bs)
             x, y = x[shard].to(dev), y[shard].to(dev)
             lr = lr_at(step, total, cfg.train.lr, cfg.train.warmup_frac)
@@ -387,13 +390,18 @@ def train(
                 ev = evaluate(model, val_x, val_y, precision)
                 history.append(history_entry(done, ev, loss_value))
                 bar.log_eval(done, ev["acc"])
+            if cfg.train.stop_acc and done % cfg.train.eval_every == 0:
+                stopped_at = _agreed_stop(stop_step(history, cfg.train.stop_acc), done, world)
+                if stopped_at is not None:
+                    break
             if main_rank and done % cfg.train.ckpt_every == 0 and done != total:
                 save_checkpoint(out, model, opt, cfg, done, history)
     wall = time.perf_counter() - t0
+    end = total if stopped_at is None else stopped_at  # the step the weights were trained to
 
     model.eval()
     test_x, test_y = task.split("test")
-    train_x, train_y = last_train_batches(task, cfg, len(test_y))
+    train_x, train_y = last_train_batches(task, cfg, len(test_y), end)
     scores = {
         "train": evaluate(model, train_x, train_y, precision),
         "val": evaluate(model, *task.split("val"), precision),
@@ -402,6 +410,8 @@ def train(
     metrics = run_metrics(
         cfg, task, scores, history, precision, model.num_params(), trained_images, wall, start
     )
+    if cfg.train.stop_acc:
+        metrics["stopped_at"] = stopped_at  # None: the target was not reached, all steps ran
     if world > 1:
         metrics["processes"] = world
     if not all(bool(torch.isfinite(p).all()) for p in model.parameters()):
@@ -410,10 +420,31 @@ def train(
             f"nothing in {out} was marked finished"
         )
     if main_rank:
-        save_checkpoint(out, model, opt, cfg, total, history)
+        save_checkpoint(out, model, opt, cfg, end, history)
         write_json(out / FINISHED, metrics)  # last: the run is finished (module docstring)
     distributed.barrier()
     return metrics
+
+
+def stop_step(history: list[dict[str, Any]], stop_acc: float) -> int | None:
+    """The step of the first evaluation that closes STOP_EVALS consecutive evaluations with
+    val_acc >= stop_acc (early stopping, train.stop_acc); None if none does or stop_acc is 0."""
+    if not stop_acc:
+        return None
+    run = 0
+    for h in history:
+        run = run + 1 if h["val_acc"] >= stop_acc else 0
+        if run >= STOP_EVALS:
+            return int(h["step"])
+    return None
+
+
+def _agreed_stop(stop: int | None, step: int, world: int) -> int | None:
+    """Rank 0 alone evaluates: under torchrun every rank stops at the step rank 0 decided."""
+    if world > 1:
+        flag = distributed.all_reduce_sum(torch.tensor([float(stop is not None)]))
+        return step if flag.item() > 0 else None
+    return stop
 
 
 def check_finite(loss: float, step: int, cfg: RunConfig, world: int, who: str = "") -> None:

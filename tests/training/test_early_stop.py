@@ -1,0 +1,111 @@
+"""train.stop_acc: early stopping at a validation-accuracy target."""
+
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from poslens.data import DataConfig
+from poslens.errors import ConfigError
+from poslens.io import load_tensors, read_metadata
+from poslens.models import ModelConfig
+from poslens.training import RunConfig, TrainConfig, apply_overrides, preset, train
+from poslens.training.train import stop_step
+
+from .test_train import _interrupt_after
+
+
+def run_cfg(posenc: str = "ape", steps: int = 12, **train_kw: Any) -> RunConfig:
+    return RunConfig(
+        model=ModelConfig(image_size=16, dim=32, depth=2, heads=2, posenc=posenc),
+        data=DataConfig(image_size=16, object_scale=0.32, n_val=32, n_test=32),
+        train=TrainConfig(
+            **{
+                "steps": steps,
+                "batch_size": 16,
+                "eval_every": 3,
+                "eval_images": 32,
+                "ckpt_every": 6,
+                "precision": "fp32",
+                **train_kw,
+            }
+        ),
+    )
+
+
+def test_stop_acc_is_left_out_of_saved_configs_at_their_default() -> None:
+    """Configs (and the study's checkpoint hashes) written before the fields existed stay the same."""
+    d = RunConfig().to_dict()
+    assert "stop_acc" not in d["train"]
+    assert set(d["train"]) == {
+        "steps", "batch_size", "lr", "weight_decay", "warmup_frac", "grad_clip", "precision",
+        "eval_every", "eval_images", "ckpt_every", "seed", "threads",
+    }  # fmt: skip
+    cfg = apply_overrides(preset("ape"), ["train.stop_acc=0.9"])
+    d = cfg.to_dict()
+    assert d["train"]["stop_acc"] == 0.9
+    assert RunConfig.from_dict({"train": d["train"]}).train == cfg.train
+    with pytest.raises(ConfigError, match="train.stop_acc"):
+        TrainConfig(stop_acc=1.5)
+    with pytest.raises(ConfigError, match="train.stop_acc"):
+        TrainConfig(stop_acc=float("nan"))
+
+
+def test_stop_step_needs_consecutive_evaluations_at_target() -> None:
+    h = [{"step": s, "val_acc": a} for s, a in ((3, 0.95), (6, 0.5), (9, 0.92), (12, 0.9))]
+    assert stop_step(h, 0.9) == 12  # 3 alone is not enough: 6 broke the run
+    assert stop_step(h, 0.93) is None
+    assert stop_step(h, 0.0) is None  # off
+
+
+def test_early_stop_ends_at_the_step_and_keeps_the_weights_of_that_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run that stops at step 6 (two evaluations at target, every 3 steps) holds exactly the
+    weights the full 12-step run had at step 6 (the schedule still spans 12 steps), records where
+    it stopped, and a --resume of it trains no further."""
+    t = importlib.import_module("poslens.training.train")
+    real_evaluate = t.evaluate
+    cfg = run_cfg(steps=12, stop_acc=0.5)
+    full = run_cfg(steps=12)
+    _interrupt_after(full, tmp_path / "full", stop_at=6)  # full run's resume state at step 6
+    at6 = load_tensors(tmp_path / "full" / "train_state.safetensors")
+
+    def evaluate(*a: Any, **k: Any) -> dict[str, float]:
+        out = real_evaluate(*a, **k)
+        return {**out, "acc": 1.0}  # every evaluation at target
+
+    monkeypatch.setattr(t, "evaluate", evaluate)
+    m = train(cfg, tmp_path / "stop", progress=False)
+    assert m["stopped_at"] == 6 and m["steps"] == 12
+    assert [h["step"] for h in m["history"]] == [3, 6]
+    state = load_tensors(tmp_path / "stop" / "train_state.safetensors")
+    assert read_metadata(tmp_path / "stop" / "train_state.safetensors")["step"] == "6"
+    for k, v in at6.items():
+        assert torch.equal(v, state[k]), k
+    again = train(cfg, tmp_path / "stop", resume=True, progress=False)
+    assert again["stopped_at"] == 6 and len(again["history"]) == 2
+    on_disk = json.loads((tmp_path / "stop" / "metrics.json").read_text())
+    assert on_disk["stopped_at"] == 6
+
+
+def test_without_reaching_the_target_all_steps_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    t = importlib.import_module("poslens.training.train")
+    real_evaluate = t.evaluate
+    accs = iter([0.95, 0.1, 0.95, 0.1])  # never two in a row
+
+    def evaluate(*a: Any, **k: Any) -> dict[str, float]:
+        out = real_evaluate(*a, **k)
+        return {**out, "acc": next(accs, out["acc"])}
+
+    monkeypatch.setattr(t, "evaluate", evaluate)
+    m = train(run_cfg(steps=12, stop_acc=0.9), tmp_path, progress=False)
+    assert m["stopped_at"] is None and [h["step"] for h in m["history"]] == [3, 6, 9, 12]
+    assert "stopped_at" not in train(run_cfg(steps=3), tmp_path / "off", progress=False)
