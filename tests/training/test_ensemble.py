@@ -248,3 +248,21 @@ def test_compiled_ensemble_equals_separate_runs_up_to_rounding(tmp_path: Path) -
         ref = train(cfg, single, progress=False)
         assert max_diff(single, out) < 5e-5
         assert [h["val_acc"] for h in m["history"]] == [h["val_acc"] for h in ref["history"]]
+
+
+def test_early_stopped_members_equal_their_separate_runs(tmp_path: Path) -> None:
+    """train.stop_acc in an ensemble: a member that reaches the target at two consecutive
+    evaluations is evaluated, checkpointed and finished at that step, as train() stops it."""
+    cfgs = [run_cfg("rope_axial", s, steps=16, stop_acc=0.01) for s in (0, 1)]
+    outs = [tmp_path / f"ens{s}" for s in (0, 1)]
+    got = train_ensemble(cfgs, outs)
+    for cfg, out, m in zip(cfgs, outs, got, strict=True):
+        single = tmp_path / f"single{cfg.train.seed}"
+        ref = train(cfg, single, progress=False)
+        assert ref["stopped_at"] == m["stopped_at"] == 8  # evaluations at 4 and 8 pass 1%
+        assert max_diff(single, out) < WEIGHT_TOL
+        assert [h["step"] for h in m["history"]] == [h["step"] for h in ref["history"]] == [4, 8]
+        assert m["test"]["acc"] == ref["test"]["acc"] and m["train"]["acc"] == ref["train"]["acc"]
+    # a resumed ensemble whose members have finished trains nothing more
+    again = train_ensemble(cfgs, outs, resume=True)
+    assert [a["stopped_at"] for a in again] == [8, 8]

@@ -273,6 +273,7 @@ def train_summary(m: dict[str, Any]) -> dict[str, Any]:
         "chance": m["chance"],
         "steps": m["steps"],
         "steps_to_90": m["steps_to_90"],
+        "stopped_at": m.get("stopped_at"),  # early stopping at train.stop_acc (None: all steps)
     }
 
 

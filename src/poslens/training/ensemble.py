@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from poslens import distributed
 from poslens.data import Task, build_task
 from poslens.errors import CheckpointError, ConfigError
-from poslens.io import write_json
+from poslens.io import read_json, write_json
 from poslens.models.ensemble import StackedViT
 from poslens.models.vit import build_model
 from poslens.training.config import RunConfig
@@ -45,6 +45,7 @@ from poslens.training.train import (
     resolve_precision,
     run_metrics,
     score,
+    stop_step,
     withheld_blocks,
     write_checkpoint,
 )
@@ -99,7 +100,15 @@ def train_ensemble(
     if cfgs[0].train.threads:
         torch.set_num_threads(cfgs[0].train.threads)
     task = build_task(cfgs[0].data)
-    members = [_Member(model_config_for(c, task), p) for c, p in zip(cfgs, paths, strict=True)]
+    everyone = [_Member(model_config_for(c, task), p) for c, p in zip(cfgs, paths, strict=True)]
+
+    # a member that already finished (it stopped early, before a kill) keeps its files
+    def finished() -> dict[int, dict[str, Any]]:
+        return {i: read_json(m.out / METRICS, "training metrics") for i, m in enumerate(everyone)
+                if resume and (m.out / METRICS).is_file()}  # fmt: skip
+
+    done = finished()
+    members = [m for i, m in enumerate(everyone) if i not in done]
     steps = [_step_of(m, resume) for m in members]
     for m, s in zip(members, steps, strict=True):
         m.resumed_from = s
@@ -108,8 +117,14 @@ def train_ensemble(
         lo, hi = sorted(set(steps))[:2]
         behind = [m for m, s in zip(members, steps, strict=True) if s == lo]
         _run(behind, task, dev, lo, hi, progress, compile)
+        done = finished()  # one may have stopped early while catching up
+        members = [m for i, m in enumerate(everyone) if i not in done]
         steps = [_step_of(m, True) for m in members]
-    return _run(members, task, dev, steps[0], members[0].cfg.train.steps, progress, compile)
+    if members:
+        trained = iter(
+            _run(members, task, dev, steps[0], members[0].cfg.train.steps, progress, compile)
+        )
+    return [done[i] if i in done else next(trained) for i in range(len(everyone))]
 
 
 def _without_seed(cfg: RunConfig) -> dict[str, Any]:
@@ -151,8 +166,11 @@ def _run(
     model.train()
     t0 = time.perf_counter()
     label = f"{cfg.model.posenc} x{len(members)}"
+    finished: dict[int, dict[str, Any]] = {}  # member -> metrics, once it stopped early
     with TrainProgress(total, start, enabled=progress, label=label) as bar:
         for step in range(start, stop):
+            if len(finished) == len(members):
+                break
             x, y = task.train_batch(step, bs)
             lr = lr_at(step, total, cfg.train.lr, cfg.train.warmup_frac)
             withheld = withheld_blocks(cfg, step)
@@ -162,20 +180,33 @@ def _run(
             done = step + 1
             for m, loss in zip(members, losses.tolist(), strict=True):
                 check_finite(loss, done, m.cfg, 1, f" (seed {m.cfg.train.seed})")
-            for m in members:
-                m.trained_images += bs
+            for s, m in enumerate(members):
+                if s not in finished:
+                    m.trained_images += bs
             loss_values = losses.tolist()
             rate = len(members) * bs * (done - start) / (time.perf_counter() - t0)
             bar.update(done, loss=sum(loss_values) / len(members), images_per_s=rate)
             if done % cfg.train.eval_every == 0 or done == total:
                 evals = _score(model, val_x, val_y, precision)
-                for h, ev, loss in zip(histories, evals, loss_values, strict=True):
-                    h.append(history_entry(done, ev, loss))
+                for s, (h, ev, loss) in enumerate(zip(histories, evals, loss_values, strict=True)):
+                    if s not in finished:
+                        h.append(history_entry(done, ev, loss))
                 bar.log_eval(done, sum(ev["acc"] for ev in evals) / len(evals))
+                stopping = [
+                    s for s in range(len(members))
+                    if s not in finished and stop_step(histories[s], cfg.train.stop_acc) is not None
+                ]  # fmt: skip
+                if stopping:  # early stopping: these members are done, as train() would be
+                    elapsed = time.perf_counter() - t0
+                    finished |= _finish(members, stopping, model, opt, task, histories, done,
+                                        precision, elapsed)  # fmt: skip
             if done != total and (done % cfg.train.ckpt_every == 0 or done == stop):
-                _save(members, model, opt, done, histories)
-    for m in members:
-        m.seconds += time.perf_counter() - t0
+                _save(members, model, opt, done, histories, skip=set(finished))
+    for s, m in enumerate(members):
+        if s not in finished:
+            m.seconds += time.perf_counter() - t0
+    if len(finished) == len(members):
+        return [finished[s] for s in range(len(members))]
     if stop != total:
         return []
 
@@ -185,22 +216,70 @@ def _run(
     scores = {name: _score(model, *xy, precision) for name, xy in sets.items()}
     results = []
     for s, (m, history) in enumerate(zip(members, histories, strict=True)):
+        if s in finished:
+            results.append(finished[s])
+            continue
         metrics = run_metrics(
             m.cfg, task, {name: scores[name][s] for name in sets}, history, precision,
             model.num_params(), m.trained_images, m.seconds, m.resumed_from,
         )  # fmt: skip
         metrics["ensemble"] = len(members)
+        if cfg.train.stop_acc:
+            metrics["stopped_at"] = None  # the target was not reached: all steps ran
         results.append(metrics)
-    _save(members, model, opt, total, histories)
+    _save(members, model, opt, total, histories, skip=set(finished))
     for s, m in enumerate(members):
-        if not all(bool(torch.isfinite(p[s]).all()) for _, p in model.named_stacked()):
-            raise TrainingDiverged(
-                f"training ended with non-finite weights in seed {m.cfg.train.seed} "
-                f"(train.lr={cfg.train.lr:g}); nothing in {m.out} was marked finished"
-            )
-    for m, metrics in zip(members, results, strict=True):
-        write_json(m.out / METRICS, metrics)  # last: the run is finished
+        if s not in finished:
+            _check_weights(model, s, m)
+    for s, (m, metrics) in enumerate(zip(members, results, strict=True)):
+        if s not in finished:
+            write_json(m.out / METRICS, metrics)  # last: the run is finished
     return results
+
+
+def _check_weights(model: StackedViT, s: int, m: _Member) -> None:
+    """A member whose weights are no longer finite is never marked finished."""
+    if not all(bool(torch.isfinite(p[s]).all()) for _, p in model.named_stacked()):
+        raise TrainingDiverged(
+            f"training ended with non-finite weights in seed {m.cfg.train.seed} "
+            f"(train.lr={m.cfg.train.lr:g}); nothing in {m.out} was marked finished"
+        )
+
+
+def _finish(
+    members: list[_Member],
+    stopping: list[int],
+    model: StackedViT,
+    opt: torch.optim.Optimizer,
+    task: Task,
+    histories: list[list],
+    step: int,
+    precision: str,
+    elapsed: float,
+) -> dict[int, dict[str, Any]]:
+    """Members that reached train.stop_acc at `step`: evaluated, checkpointed at that step and
+    marked finished now, exactly as train() ends a stopped run; the others train on."""
+    cfg = members[0].cfg
+    test_x, test_y = task.split("test")
+    train_x, train_y = last_train_batches(task, cfg, len(test_y), step)
+    sets = {"train": (train_x, train_y), "val": task.split("val"), "test": (test_x, test_y)}
+    was_training = model.training
+    scores = {name: _score(model, *xy, precision) for name, xy in sets.items()}
+    model.train(was_training)
+    out = {}
+    for s in stopping:
+        m = members[s]
+        m.seconds += elapsed
+        metrics = run_metrics(
+            m.cfg, task, {name: scores[name][s] for name in sets}, histories[s], precision,
+            model.num_params(), m.trained_images, m.seconds, m.resumed_from,
+        )  # fmt: skip
+        metrics |= {"ensemble": len(members), "stopped_at": step}
+        _check_weights(model, s, m)
+        _save([m], model, opt, step, [histories[s]], index=[s])
+        write_json(m.out / METRICS, metrics)  # last: the run is finished
+        out[s] = metrics
+    return out
 
 
 def train_step(
@@ -277,10 +356,14 @@ def _load(
 
 def _save(
     members: list[_Member], model: StackedViT, opt: torch.optim.Optimizer, step: int,
-    histories: list[list],
+    histories: list[list], skip: set[int] | None = None, index: list[int] | None = None,
 ) -> None:  # fmt: skip
-    """Each member's checkpoint, exactly as `train()` writes it."""
-    for s, (m, history) in enumerate(zip(members, histories, strict=True)):
+    """Each member's checkpoint, exactly as `train()` writes it (`index`: the members' slots in
+    the stacked model, default their order; `skip`: slots not written)."""
+    slots = index if index is not None else list(range(len(members)))
+    for s, m, history in zip(slots, members, histories, strict=True):
+        if skip and s in skip:
+            continue
         moments = {
             name: {k: v if v.ndim == 0 else v[s] for k, v in opt.state[p].items()}
             for name, p in model.named_stacked()
