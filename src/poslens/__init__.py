@@ -2,7 +2,7 @@
 
 from poslens._version import __version__
 from poslens.allocator import keep_freed_memory, release_freed_memory
-from poslens.api import load, load_images, load_task
+from poslens.api import load, load_images, load_task, save
 from poslens.errors import UserError
 from poslens.models import ModelConfig, ViT, build_model
 
@@ -17,4 +17,5 @@ __all__ = [
     "load_images",
     "load_task",
     "release_freed_memory",
+    "save",
 ]

@@ -132,6 +132,26 @@ def load(
     return model.to(torch.device(device)).eval()
 
 
+def save(model: ViT, folder: str | Path, data: DataConfig | None = None) -> Path:
+    """Write `model` as a poslens checkpoint folder that `load` reads back: config.json (the model,
+    and the data it was trained on when given, for `load_task`) and model.safetensors tied to it
+    by its fingerprint; each file atomically. Returns the folder."""
+    import dataclasses
+
+    from poslens._version import __version__
+    from poslens.io import save_tensors, write_json
+
+    folder = Path(folder)
+    config: dict[str, Any] = {"poslens_version": __version__, "model": model.cfg.to_dict()}
+    meta = model.cfg.weights_metadata()
+    if data is not None:
+        config["data"] = dataclasses.asdict(data)
+        meta |= data_metadata(data)
+    write_json(folder / "config.json", config)
+    save_tensors(folder / "model.safetensors", model.state_dict(), meta)
+    return folder
+
+
 def load_task(spec: str | Path) -> Task:
     """The task a poslens checkpoint was trained on, from its config.json [data] section."""
     from poslens._config import from_dict

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import poslens
 from poslens.cli import main
 from poslens.io import load_tensors, save_tensors, write_json
 from tests.conftest import TINY
@@ -32,9 +33,7 @@ def _checkpoint(folder: Path) -> Path:
     from poslens.models import ModelConfig, build_model
 
     cfg = ModelConfig(**TINY)  # type: ignore[arg-type]
-    write_json(folder / "config.json", {"model": cfg.to_dict()})
-    save_tensors(folder / "model.safetensors", build_model(cfg).state_dict())
-    return folder
+    return poslens.save(build_model(cfg), folder)
 
 
 def bad_cases(tmp: Path) -> list[tuple[list[str], str]]:

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
+import poslens
 from poslens.cli import main
 from poslens.data import DataConfig
 from poslens.errors import ConfigError, UserError
 from poslens.experiments.config import ExperimentConfig
-from poslens.io import save_tensors, write_json
 from poslens.precision import autocast
 from tests.conftest import tiny
 
@@ -30,9 +30,7 @@ SSDC_TOL, MARGIN_TOL, PROBE_TOL, ACC_TOL, RANK_TOL, ATTN_TOL = 0.01, 0.01, 0.1, 
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     m = tiny("rope_axial", num_classes=16)
     folder = tmp_path_factory.mktemp("ckpt")
-    write_json(folder / "config.json", {"model": m.cfg.to_dict(), "data": DATA.__dict__})
-    save_tensors(folder / "model.safetensors", m.state_dict())
-    return folder
+    return poslens.save(m, folder, DATA)
 
 
 @pytest.fixture(scope="module")

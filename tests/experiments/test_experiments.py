@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+import poslens
 from poslens.cli import main
 from poslens.data import DataConfig, Task, build_task
 from poslens.errors import ConfigError, UserError
@@ -20,7 +21,6 @@ from poslens.experiments.config import ExperimentConfig
 from poslens.experiments.output import save
 from poslens.experiments.readout import Readout, choose_probe_site, measure
 from poslens.interventions import axis_map
-from poslens.io import save_tensors, write_json
 from poslens.metrics.probes import ProbeResult
 from poslens.models import ViT
 from tests.conftest import tiny
@@ -248,9 +248,7 @@ def test_unknown_experiment_and_bad_site(task: Task) -> None:
 
 def _checkpoint(folder: Path) -> Path:
     m = model()
-    write_json(folder / "config.json", {"model": m.cfg.to_dict(), "data": DATA.__dict__})
-    save_tensors(folder / "model.safetensors", m.state_dict())
-    return folder
+    return poslens.save(m, folder, DATA)
 
 
 def test_analyze_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import torch
 
+import poslens
 from poslens.data import DataConfig
-from poslens.io import save_tensors, write_json
 from tests.conftest import tiny
 
 TINY_DATA = DataConfig(image_size=16, object_scale=0.32, n_val=40, n_test=16)
@@ -31,6 +31,4 @@ def tiny_checkpoint(folder: Path) -> Path:
     """A checkpoint folder (config.json + model.safetensors) of an untrained tiny APE model on a
     16-class 16x16 task: what poslens.load / load_task and `poslens sae train` read."""
     m = tiny("ape", num_classes=16)
-    write_json(folder / "config.json", {"model": m.cfg.to_dict(), "data": TINY_DATA.__dict__})
-    save_tensors(folder / "model.safetensors", m.state_dict())
-    return folder
+    return poslens.save(m, folder, TINY_DATA)

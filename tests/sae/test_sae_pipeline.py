@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+import poslens
 from poslens.cli import main
 from poslens.data import DataConfig
-from poslens.io import save_tensors, write_json
 from poslens.sae.io import load_sae
 from tests.conftest import tiny
 
@@ -18,9 +18,7 @@ DATA = DataConfig(image_size=16, object_scale=0.32, n_val=40, n_test=16)
 
 def _checkpoint(folder: Path) -> Path:
     m = tiny("ape", num_classes=16)
-    write_json(folder / "config.json", {"model": m.cfg.to_dict(), "data": DATA.__dict__})
-    save_tensors(folder / "model.safetensors", m.state_dict())
-    return folder
+    return poslens.save(m, folder, DATA)
 
 
 def test_sae_train_cli_writes_a_loadable_sae_and_report(
