@@ -266,3 +266,18 @@ def test_early_stopped_members_equal_their_separate_runs(tmp_path: Path) -> None
     # a resumed ensemble whose members have finished trains nothing more
     again = train_ensemble(cfgs, outs, resume=True)
     assert [a["stopped_at"] for a in again] == [8, 8]
+
+
+def test_members_stopping_at_different_steps_leave_the_stack_unchanged(tmp_path: Path) -> None:
+    """Seed 0 reaches 12% at the evaluations of steps 8 and 12 and stops at 12; seeds 1 and 2
+    never do and train on in a restacked, smaller ensemble: all three equal their separate runs."""
+    cfgs = [run_cfg("rope_axial", s, steps=24, stop_acc=0.12) for s in (0, 1, 2)]
+    outs = [tmp_path / f"ens{s}" for s in (0, 1, 2)]
+    got = train_ensemble(cfgs, outs)
+    assert [m["stopped_at"] for m in got] == [12, None, None]
+    for cfg, out, m in zip(cfgs, outs, got, strict=True):
+        single = tmp_path / f"single{cfg.train.seed}"
+        ref = train(cfg, single, progress=False)
+        assert ref["stopped_at"] == m["stopped_at"]
+        assert max_diff(single, out) < WEIGHT_TOL
+        assert max_diff(single, out, "train_state.safetensors") < WEIGHT_TOL

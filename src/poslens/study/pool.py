@@ -123,6 +123,9 @@ def execute(plan: Plan, executor: Executor, progress: bool) -> dict[tuple[str, i
     for r in plan.runs:
         if r.run_config is not None:
             groups.setdefault(r.model, []).append(r)
+    # the slowest learners first (APE tables; measured in docs/study.md), so that the last
+    # ensembles running alone are short ones
+    groups = dict(sorted(groups.items(), key=lambda g: g[1][0].run_config.model.posenc != "ape"))  # type: ignore[union-attr]
     train_tasks = [
         Task(f"{model} seeds {runs[0].seed}-{runs[-1].seed}", train_task,
              (runs, plan.device, plan.threads))

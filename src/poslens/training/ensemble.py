@@ -150,7 +150,9 @@ def _run(
     compile: bool,
 ) -> list[dict[str, Any]]:
     """Train `members`, all at step `start`, as one stacked model up to `stop`, checkpointing as
-    `train()` does; after the last step, evaluate them and write their metrics (returned)."""
+    `train()` does; after the last step, evaluate them and write their metrics (returned). A
+    member that stops early (train.stop_acc) is finished at once and leaves the stack, so the
+    others train on without computing it."""
     cfg = members[0].cfg
     total, bs = cfg.train.steps, cfg.train.batch_size
     precision = resolve_precision(cfg.train.precision, dev)
@@ -166,11 +168,10 @@ def _run(
     model.train()
     t0 = time.perf_counter()
     label = f"{cfg.model.posenc} x{len(members)}"
-    finished: dict[int, dict[str, Any]] = {}  # member -> metrics, once it stopped early
+    everyone = list(members)
+    finished: dict[int, dict[str, Any]] = {}  # id(member) -> metrics, once it stopped early
     with TrainProgress(total, start, enabled=progress, label=label) as bar:
         for step in range(start, stop):
-            if len(finished) == len(members):
-                break
             x, y = task.train_batch(step, bs)
             lr = lr_at(step, total, cfg.train.lr, cfg.train.warmup_frac)
             withheld = withheld_blocks(cfg, step)
@@ -178,35 +179,38 @@ def _run(
                 model, opt, x.to(dev), y.to(dev), lr, precision, cfg.train.grad_clip, withheld
             )
             done = step + 1
-            for m, loss in zip(members, losses.tolist(), strict=True):
-                check_finite(loss, done, m.cfg, 1, f" (seed {m.cfg.train.seed})")
-            for s, m in enumerate(members):
-                if s not in finished:
-                    m.trained_images += bs
             loss_values = losses.tolist()
+            for m, loss in zip(members, loss_values, strict=True):
+                check_finite(loss, done, m.cfg, 1, f" (seed {m.cfg.train.seed})")
+                m.trained_images += bs
             rate = len(members) * bs * (done - start) / (time.perf_counter() - t0)
             bar.update(done, loss=sum(loss_values) / len(members), images_per_s=rate)
             if done % cfg.train.eval_every == 0 or done == total:
                 evals = _score(model, val_x, val_y, precision)
-                for s, (h, ev, loss) in enumerate(zip(histories, evals, loss_values, strict=True)):
-                    if s not in finished:
-                        h.append(history_entry(done, ev, loss))
+                for h, ev, loss in zip(histories, evals, loss_values, strict=True):
+                    h.append(history_entry(done, ev, loss))
                 bar.log_eval(done, sum(ev["acc"] for ev in evals) / len(evals))
                 stopping = [
-                    s for s in range(len(members))
-                    if s not in finished and stop_step(histories[s], cfg.train.stop_acc) is not None
+                    s for s, h in enumerate(histories)
+                    if stop_step(h, cfg.train.stop_acc) is not None
                 ]  # fmt: skip
                 if stopping:  # early stopping: these members are done, as train() would be
                     elapsed = time.perf_counter() - t0
-                    finished |= _finish(members, stopping, model, opt, task, histories, done,
-                                        precision, elapsed)  # fmt: skip
+                    for s, metrics in _finish(members, stopping, model, opt, task, histories,
+                                              done, precision, elapsed).items():  # fmt: skip
+                        finished[id(members[s])] = metrics
+                    keep = [s for s in range(len(members)) if s not in stopping]
+                    if not keep:
+                        break
+                    model, opt = _restack(model, opt, keep, [members[s] for s in keep], dev)
+                    members = [members[s] for s in keep]
+                    histories = [histories[s] for s in keep]
             if done != total and (done % cfg.train.ckpt_every == 0 or done == stop):
-                _save(members, model, opt, done, histories, skip=set(finished))
-    for s, m in enumerate(members):
-        if s not in finished:
-            m.seconds += time.perf_counter() - t0
-    if len(finished) == len(members):
-        return [finished[s] for s in range(len(members))]
+                _save(members, model, opt, done, histories)
+    if len(finished) == len(everyone):
+        return [finished[id(m)] for m in everyone]
+    for m in members:
+        m.seconds += time.perf_counter() - t0
     if stop != total:
         return []
 
@@ -214,27 +218,46 @@ def _run(
     train_x, train_y = last_train_batches(task, cfg, len(test_y))
     sets = {"train": (train_x, train_y), "val": task.split("val"), "test": (test_x, test_y)}
     scores = {name: _score(model, *xy, precision) for name, xy in sets.items()}
-    results = []
     for s, (m, history) in enumerate(zip(members, histories, strict=True)):
-        if s in finished:
-            results.append(finished[s])
-            continue
         metrics = run_metrics(
             m.cfg, task, {name: scores[name][s] for name in sets}, history, precision,
             model.num_params(), m.trained_images, m.seconds, m.resumed_from,
         )  # fmt: skip
-        metrics["ensemble"] = len(members)
+        metrics["ensemble"] = len(everyone)
         if cfg.train.stop_acc:
             metrics["stopped_at"] = None  # the target was not reached: all steps ran
-        results.append(metrics)
-    _save(members, model, opt, total, histories, skip=set(finished))
+        finished[id(m)] = metrics
+    _save(members, model, opt, total, histories)
     for s, m in enumerate(members):
-        if s not in finished:
-            _check_weights(model, s, m)
-    for s, (m, metrics) in enumerate(zip(members, results, strict=True)):
-        if s not in finished:
-            write_json(m.out / METRICS, metrics)  # last: the run is finished
-    return results
+        _check_weights(model, s, m)
+    for m in members:
+        write_json(m.out / METRICS, finished[id(m)])  # last: the run is finished
+    return [finished[id(m)] for m in everyone]
+
+
+def _restack(
+    model: StackedViT, opt: torch.optim.Optimizer, keep: list[int], members: list[_Member],
+    dev: torch.device,
+) -> tuple[StackedViT, torch.optim.Optimizer]:  # fmt: skip
+    """The members in slots `keep` as a smaller stacked model and optimiser, with their weights
+    and AdamW moments (the step count is shared), so that finished members cost nothing more."""
+    cfg = members[0].cfg
+    new = StackedViT([build_model(m.cfg.model, seed=m.cfg.train.seed) for m in members]).to(dev)
+    new_opt = make_optimizer(new.named_stacked(), cfg, member_dims=1)
+    new.train(model.training)
+    idx = torch.as_tensor(keep, device=dev)
+    with torch.no_grad():
+        for (name, old), (new_name, p) in zip(
+            model.named_stacked(), new.named_stacked(), strict=True
+        ):
+            assert name == new_name
+            p.copy_(old.index_select(0, idx))
+            if old in opt.state:
+                new_opt.state[p] = {
+                    k: v.clone() if v.ndim == 0 else v.index_select(0, idx).clone()
+                    for k, v in opt.state[old].items()
+                }
+    return new, new_opt
 
 
 def _check_weights(model: StackedViT, s: int, m: _Member) -> None:
