@@ -19,7 +19,8 @@ DATA = DataConfig(image_size=16, object_scale=0.32, n_val=30, n_test=40)
 
 
 def test_sae_causal_end_to_end(tmp_path: Path) -> None:
-    m, task = tiny("ape", num_classes=16), build_task(DATA)
+    # a planted row + column code at the residual's scale: the SAEs find positional latents
+    m, task = tiny("ape", num_classes=16, ape_code="rowcol", ape_init_std=1.0), build_task(DATA)
     sites = ("blocks.0.hook_resid_pre", "blocks.1.ln1.hook_normalized")
     cfg = sae_causal.Config(
         sites=sites, n_images=30, probe_images=20, batch_size=30,
@@ -44,17 +45,18 @@ def test_sae_causal_end_to_end(tmp_path: Path) -> None:
         # every edit is read by the intact model's fixed probes and by refitted ones
         assert set(r.probes["reconstruction"]) == {"refit", "fixed", "refit_rpi", "fixed_rpi"}
         n_pos = len(r.positional.latents)
-        if n_pos:  # the dose ladder always ends with all positional latents
-            assert any(c.name == f"zero_{n_pos}" for c in r.conditions)
-            assert {"mean_all", "resample_other_image", "resample_other_position"} <= {
-                c.name for c in r.conditions
-            }
-            s = r.summary()
-            z = r.probes[f"zero_{n_pos}+error"]["fixed"][0, 0]
-            intact, chance = r.probes["intact"]["refit"][0, 0], 1 / 16
-            assert s["zero_all+error"]["fixed_drop_site"] == pytest.approx(
-                (intact - z) / (intact - chance)
-            )
+        assert n_pos > 0
+        # the dose ladder always ends with all positional latents
+        assert any(c.name == f"zero_{n_pos}" for c in r.conditions)
+        assert {"mean_all", "resample_other_image", "resample_other_position"} <= {
+            c.name for c in r.conditions
+        }
+        s = r.summary()
+        z = r.probes[f"zero_{n_pos}+error"]["fixed"][0, 0]
+        intact, chance = r.probes["intact"]["refit"][0, 0], 1 / 16
+        assert s["zero_all+error"]["fixed_drop_site"] == pytest.approx(
+            (intact - z) / (intact - chance)
+        )
     # the intact probes at a site are the baseline's, whichever SAE site asked for them
     assert np.array_equal(
         res.results[0].probes["intact"]["refit"][1], res.results[1].probes["intact"]["refit"][1]

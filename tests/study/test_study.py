@@ -103,7 +103,7 @@ def test_rerun_reuses_everything_and_is_identical(
     assert all(s["reused"] for s in again["timings"]["stages"])
     assert _strip(again) == _strip(res)
     shown = capfd.readouterr().err  # the progress display: stage, model, seed, ETA
-    assert "finished sae_causal rope_axial seed 1" in shown
+    assert "[28/28] sae_causal rope_axial seed 1: reused" in shown
     assert "ETA" in shown and "28/28" in shown
 
 

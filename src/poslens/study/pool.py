@@ -33,10 +33,12 @@ def run_task(run: RunPlan, out: Path, device: str, threads: int, events: Events)
     return run_one(run, out, device, threads, events)
 
 
-def train_task(
-    runs: list[RunPlan], device: str, threads: int, events: Events
-) -> dict[int, tuple[float, bool]]:
-    """One model configuration's seeds trained as one ensemble, as an executor task."""
+def model_task(
+    runs: list[RunPlan], out: Path, device: str, threads: int, events: Events
+) -> dict[int, RunResult]:
+    """One trained model as an executor task: its seeds trained as one ensemble, then each
+    seed's experiments; a run's training timing is its share of the ensemble's. One process per
+    model, so the experiments start as soon as their model is trained."""
     import torch
 
     from poslens.cli import resolve_device
@@ -46,7 +48,16 @@ def train_task(
     check_device(device)
     if threads:
         torch.set_num_threads(threads)
-    return train_group(runs, device, events)
+    trained = train_group(runs, device, events)
+    results = {}
+    for run in runs:
+        entry, timings = run_one(run, out, device, threads, events)
+        seconds, reused = trained[run.seed]
+        for t in timings:
+            if t["stage"] == "train":
+                t.update(seconds=round(seconds, 2), reused=reused)
+        results[run.seed] = (entry, timings)
+    return results
 
 
 def make_executor(plan: Plan, slurm: SlurmOptions | None = None) -> Executor:
@@ -116,37 +127,41 @@ def _display(plan: Plan, enabled: bool) -> Iterator[OnEvent]:
 
 
 def execute(plan: Plan, executor: Executor, progress: bool) -> dict[tuple[str, int], RunResult]:
-    """Every run of the plan, by (model, seed), through `executor` (see make_executor): first
-    each trained model's seeds as one ensemble (one task per model), then one task per model and
-    seed for its experiments. A run's training timing is its share of its ensemble's."""
+    """Every run of the plan, by (model, seed), through `executor` (see make_executor): one task
+    per trained model (its seeds as one ensemble, then their experiments), or one task per
+    pretrained model and analysis seed."""
     groups: dict[str, list[RunPlan]] = {}
     for r in plan.runs:
-        if r.run_config is not None:
-            groups.setdefault(r.model, []).append(r)
-    # the slowest learners first (APE tables; measured in docs/study.md), so that the last
-    # ensembles running alone are short ones
-    groups = dict(sorted(groups.items(), key=lambda g: g[1][0].run_config.model.posenc != "ape"))  # type: ignore[union-attr]
-    train_tasks = [
-        Task(f"{model} seeds {runs[0].seed}-{runs[-1].seed}", train_task,
-             (runs, plan.device, plan.threads))
-        for model, runs in groups.items()
-    ]  # fmt: skip
-    tasks = {
-        (r.model, r.seed): Task(f"{r.model} seed {r.seed}", run_task,
-                                (r, plan.out, plan.device, plan.threads))
-        for r in plan.runs
-    }  # fmt: skip
+        groups.setdefault(r.model, []).append(r)
+
+    # the slowest learners first (APE tables; docs/study.md), so that the last tasks running
+    # alone are short ones
+    def learns_slowly(model: str) -> bool:
+        rc = groups[model][0].run_config
+        return rc is not None and rc.model.posenc == "ape"
+
+    order = sorted(groups, key=lambda m: not learns_slowly(m))
+    args = (plan.out, plan.device, plan.threads)
+    tasks: dict[str, Task] = {}
+    for model in order:
+        runs = groups[model]
+        if runs[0].run_config is not None:
+            key = f"{model} seeds {runs[0].seed}-{runs[-1].seed}"
+            tasks[key] = Task(key, model_task, (runs, *args))
+        else:
+            for r in runs:
+                tasks[f"{r.model} seed {r.seed}"] = Task(
+                    f"{r.model} seed {r.seed}", run_task, (r, *args)
+                )
     with _display(plan, progress) as on_event:
-        trained = executor.run(train_tasks, on_event) if train_tasks else {}
         by_key = executor.run(list(tasks.values()), on_event)
-    results = {run: by_key[t.key] for run, t in tasks.items()}
-    for task, (model, _) in zip(train_tasks, groups.items(), strict=True):
-        for seed, (seconds, reused) in trained[task.key].items():
-            _, timings = results[model, seed]
-            for t in timings:
-                if t["stage"] == "train":
-                    t.update(seconds=round(seconds, 2), reused=reused)
+    results: dict[tuple[str, int], RunResult] = {}
+    for key, task in tasks.items():
+        if task.fn is model_task:
+            results |= {(task.args[0][0].model, seed): r for seed, r in by_key[key].items()}
+        else:
+            results[task.args[0].model, task.args[0].seed] = by_key[key]
     return results
 
 
-__all__ = ["execute", "make_executor", "run_task"]
+__all__ = ["execute", "make_executor", "model_task", "run_task"]
