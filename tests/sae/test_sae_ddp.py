@@ -92,7 +92,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
          str(tmp / "two"), configs],
         env=env, cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
-    assert two.returncode == 0, two.stderr[-6000:]  # the ranks' own messages come before the launcher's
+    assert two.returncode == 0, two.stderr[
+        -6000:
+    ]  # the ranks' own messages come before the launcher's
     assert json.loads((tmp / "one" / "world_0.json").read_text()) == [0, 1]
     assert json.loads((tmp / "two" / "world_1.json").read_text()) == [1, 2]
     return tmp / "one", tmp / "two"
