@@ -25,7 +25,8 @@ from poslens.models import ModelConfig, build_model
 from poslens.models.ensemble import StackedViT
 from poslens.training.config import RunConfig, TrainConfig
 from poslens.training.ensemble import clip_grad_norms, train_step
-from poslens.training.train import autocast, make_optimizer
+from poslens.precision import autocast
+from poslens.training.train import make_optimizer
 from train_throughput import Step, measure
 
 
@@ -52,7 +53,7 @@ def candidates(cfg: ModelConfig, seeds: int, precision: str) -> dict[str, Step]:
 
     def sequential() -> None:
         for m, opt in zip(models, opts, strict=True):
-            with autocast(precision, x.device):
+            with autocast(x.device, precision):
                 loss = F.cross_entropy(m(x).float(), y)
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -69,7 +70,7 @@ def candidates(cfg: ModelConfig, seeds: int, precision: str) -> dict[str, Step]:
     def vmapped() -> None:
         vit.F = ExplicitAttention()  # type: ignore[assignment]
         try:
-            with autocast(precision, x.device):
+            with autocast(x.device, precision):
                 logits = forward(params, buffers, x)  # [S, B, num_classes]
             loss = torch.stack([F.cross_entropy(lg.float(), y) for lg in logits]).sum()
             vopt.zero_grad(set_to_none=True)

@@ -12,7 +12,7 @@ clocks: wall time, and CPU time of this process (user + kernel), which other job
 machine inflate less (they still share caches and memory bandwidth). Kernel time and minor page
 faults are reported too: the per-head outputs `attn.hook_result` are [B, T, H, D], H times the
 residual stream per block, and they are most of what a full cache costs on CPU: writing and
-summing them, and the kernel's page faults for their fresh memory (see README, "Benchmarks").
+summing them, and the kernel's page faults for their fresh memory (see docs/benchmarks.md, "Pretrained forward pass").
 
 Each configuration runs twice, in its own process: with the allocator setting the CLI makes for
 itself (poslens.keep_freed_memory: big freed blocks are reused), and with glibc's default, which

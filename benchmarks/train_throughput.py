@@ -31,7 +31,8 @@ from poslens.models import ModelConfig, build_model
 from poslens.models.ensemble import StackedViT
 from poslens.training.config import RunConfig, TrainConfig
 from poslens.training.ensemble import train_step
-from poslens.training.train import autocast, make_optimizer, native_bf16
+from poslens.precision import autocast, native_bf16
+from poslens.training.train import make_optimizer
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -78,7 +79,7 @@ def single_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, precis
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 
     def step() -> None:
-        with autocast(precision, x.device):
+        with autocast(x.device, precision):
             loss = F.cross_entropy(model(x).float(), y)
         opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -4,7 +4,8 @@ By default glibc maps every block over 32 MiB fresh from the kernel and unmaps i
 loop that allocates big CPU tensors (the per-head outputs of a full cache are 58 MB per block at
 batch 8 on ViT-B; depth_profile's stacked activations) page-faults and zeroes that memory again on
 every batch. Measured on a ViT-B depth_profile run: 9.1M page faults and 22 s of kernel time out
-of 96 s, against 1.0M and 4 s out of 83 s with the blocks kept (README, "Design decisions").
+of 96 s, against 1.0M and 4 s out of 83 s with the blocks kept (docs/design.md, "The CLI keeps
+big freed CPU blocks").
 
 The heap then never shrinks by itself: a process keeps its peak for reuse. A full cache of ViT-B
 at batch 32 frees 6 GB per forward; mallopt's largest finite trim threshold (2 GiB) handed it

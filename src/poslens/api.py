@@ -9,7 +9,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from poslens.errors import CheckpointError, ConfigError, UserError
-from poslens.io import MAX_CONFIG_BYTES, check_state_dict, load_tensors, read_json, read_metadata
+from poslens.io import (
+    MAX_CONFIG_BYTES,
+    MAX_JSON_BYTES,
+    check_state_dict,
+    load_tensors,
+    read_json,
+    read_metadata,
+)
 from poslens.models.config import ModelConfig, config_mismatch
 from poslens.models.vit import ViT
 
@@ -32,6 +39,13 @@ class CheckpointStatus:
         at = f"step {self.step}" if self.step is not None else "an unknown step"
         of = f" of {self.steps}" if self.steps is not None else ""
         return f"unfinished training run (weights at {at}{of}, no metrics.json)"
+
+
+def _stopped_at(metrics: Path) -> int | None:
+    """The step a finished run stopped at early (metrics.json "stopped_at"), or None."""
+    doc = read_json(metrics, "training metrics", MAX_JSON_BYTES) if metrics.is_file() else None
+    v = doc.get("stopped_at") if isinstance(doc, dict) else None
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
 def checkpoint_status(
@@ -63,11 +77,15 @@ def checkpoint_status(
     steps = steps if isinstance(steps, int) and not isinstance(steps, bool) else None
     trained_here = step is not None or (folder / STATE).is_file()
     finished = not trained_here or (folder / FINISHED).is_file()
-    if finished and trained_here and step is not None and steps is not None and step != steps:
-        raise CheckpointError(
-            f"{folder}: the weights are at step {step} but the run was finished at step {steps} "
-            f"({FINISHED} belongs to other weights)"
-        )
+    if finished and trained_here and step is not None and steps is not None:
+        # a run stopped early (train.stop_acc) ends at the step its metrics.json records
+        end = _stopped_at(folder / FINISHED)
+        end = steps if end is None else end
+        if step != end:
+            raise CheckpointError(
+                f"{folder}: the weights are at step {step} but the run was finished at step "
+                f"{end} ({FINISHED} belongs to other weights)"
+            )
     return CheckpointStatus(finished, step, steps)
 
 

@@ -10,8 +10,10 @@ from typing import Any
 import pytest
 import torch
 
+import poslens
+from poslens.api import checkpoint_status
 from poslens.data import DataConfig
-from poslens.errors import ConfigError
+from poslens.errors import CheckpointError, ConfigError
 from poslens.io import load_tensors, read_metadata
 from poslens.models import ModelConfig
 from poslens.training import RunConfig, TrainConfig, apply_overrides, preset, train
@@ -92,6 +94,16 @@ def test_early_stop_ends_at_the_step_and_keeps_the_weights_of_that_step(
     assert again["stopped_at"] == 6 and len(again["history"]) == 2
     on_disk = json.loads((tmp_path / "stop" / "metrics.json").read_text())
     assert on_disk["stopped_at"] == 6
+    # a stopped run is finished at the step it stopped at: it loads, and its status says so
+    assert checkpoint_status(tmp_path / "stop").to_dict() == {
+        "finished": True, "step": 6, "steps": 12,
+    }  # fmt: skip
+    assert poslens.load(tmp_path / "stop").cfg == cfg.model
+    # ... but weights of another step under that metrics.json are refused
+    on_disk["stopped_at"] = 9
+    (tmp_path / "stop" / "metrics.json").write_text(json.dumps(on_disk))
+    with pytest.raises(CheckpointError, match="at step 6 but the run was finished at step 9"):
+        poslens.load(tmp_path / "stop")
 
 
 def test_without_reaching_the_target_all_steps_run(

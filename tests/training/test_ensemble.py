@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import poslens
+from poslens.api import checkpoint_status
 from poslens.cli import main
 from poslens.data import DataConfig
 from poslens.errors import CheckpointError, ConfigError
@@ -281,3 +282,6 @@ def test_members_stopping_at_different_steps_leave_the_stack_unchanged(tmp_path:
         assert ref["stopped_at"] == m["stopped_at"]
         assert max_diff(single, out) < WEIGHT_TOL
         assert max_diff(single, out, "train_state.safetensors") < WEIGHT_TOL
+    # every member loads, the stopped one at the step it stopped at
+    assert [checkpoint_status(o).step for o in outs] == [12, 24, 24]
+    assert all(poslens.load(o).cfg.posenc == "rope_axial" for o in outs)

@@ -141,8 +141,6 @@ def config_hash(d: dict[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-# The default preset's model: the README's default architecture at half width, so that two
-# encodings x two seeds train in about ten minutes on two cores (see README, "The study").
 # The study models and the calibration models of every claim (study/rules.py): mechanism present
 # (positive) or absent (negative) by design. Each is trained with every seed.
 STUDY_MODELS = ("ape", "rope_axial", "rope_mixed")

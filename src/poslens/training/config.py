@@ -34,7 +34,7 @@ FROM_DATA = ("image_size", "in_chans", "num_classes")
 class TrainConfig:
     """Optimiser and schedule: AdamW, linear warmup then cosine decay to zero."""
 
-    # Defaults from learning-curve sweeps on the default relation task (README, "Training"):
+    # Defaults from learning-curve sweeps on the default relation task (docs/training.md, "How the defaults were chosen"):
     # lr 1e-3 beat 3e-3 for RoPE-Axial (95% vs 77% val accuracy at step 300) and, with
     # ape_init_std 0.3, for APE; APE reached 90% only at the end of a 1,500-step schedule,
     # RoPE-Axial by step 300, so the default leaves APE room.
