@@ -23,9 +23,9 @@ import poslens.models.vit as vit
 from poslens.allocator import keep_freed_memory
 from poslens.models import ModelConfig, build_model
 from poslens.models.ensemble import StackedViT
+from poslens.precision import autocast
 from poslens.training.config import RunConfig, TrainConfig
 from poslens.training.ensemble import clip_grad_norms, train_step
-from poslens.precision import autocast
 from poslens.training.train import make_optimizer
 from train_throughput import Step, measure
 

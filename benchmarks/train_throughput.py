@@ -29,9 +29,9 @@ import torch.nn.functional as F
 from poslens.allocator import keep_freed_memory
 from poslens.models import ModelConfig, build_model
 from poslens.models.ensemble import StackedViT
+from poslens.precision import autocast, native_bf16
 from poslens.training.config import RunConfig, TrainConfig
 from poslens.training.ensemble import train_step
-from poslens.precision import autocast, native_bf16
 from poslens.training.train import make_optimizer
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
