@@ -107,6 +107,31 @@ def test_rerun_reuses_everything_and_is_identical(
     assert "ETA" in shown and "28/28" in shown
 
 
+def test_models_stopped_early_are_used_and_reused(tmp_path: Path) -> None:
+    """As in the default preset, training stops at a validation target (train.stop_acc): the
+    study analyses the stopped models, records where they stopped, and a rerun reuses them."""
+    cfg = replace(
+        TINY_STUDY,
+        models=("ape",),
+        experiments=("depth_profile",),
+        train_set=(
+            *TINY_STUDY.train_set,
+            "train.steps=9",
+            "train.eval_images=80",  # the whole val set: every class is in it, so even a
+            # model that always answers one class scores above the 1% target
+            "train.stop_acc=0.01",
+        ),
+    )
+    res = run_study(cfg, tmp_path, progress=False)
+    for r in res["models"]["ape"]["runs"]:
+        metrics = json.loads((tmp_path / r["checkpoint"] / "metrics.json").read_text())
+        assert metrics["stopped_at"] == 6 and metrics["steps"] == 9, metrics  # evaluations at 3, 6
+        assert "depth_profile" in r["experiments"]
+    again = run_study(cfg, tmp_path, progress=False)
+    assert all(s["reused"] for s in again["timings"]["stages"])
+    assert _strip(again) == _strip(res)
+
+
 def test_interrupted_stage_is_redone_and_others_kept(
     study: tuple[Path, dict[str, Any]], tmp_path: Path
 ) -> None:
