@@ -2,7 +2,7 @@
 trained as one ensemble vs S sequential runs, same run.
 
 One training step is forward, backward, gradient-norm clipping (per model) and AdamW, at the
-default study's model size (width 64, depth 6, 4 heads, 32x32 images, patch 4, batch 64). For
+default study's model size (width 32, depth 4, 4 heads, 24x24 images, patch 4, batch 64). For
 APE and RoPE-Axial, in fp32 and bf16 autocast, at one thread and at all threads, it reports
 images/s of one poslens model (what S sequential runs achieve), of timm's APE ViT, and of an
 S-seed ensemble (`poslens.training.ensemble`) counted over all its seeds (S x batch images per
@@ -142,7 +142,9 @@ def main() -> None:
     )
     p.add_argument("--steps", type=int, default=3, help="timed steps per candidate and round")
     p.add_argument("--batch", type=int, default=64, help="default: the training default")
-    p.add_argument("--dim", type=int, default=64, help="default: the default study's width")
+    p.add_argument("--dim", type=int, default=32, help="default: the default study's width")
+    p.add_argument("--depth", type=int, default=4, help="default: the default study's depth")
+    p.add_argument("--image", type=int, default=24, help="image size (default: the study's)")
     p.add_argument("--no-timm", action="store_true", help="leave out timm's ViT")
     p.add_argument("--compile", action="store_true", help="also each ensemble under torch.compile")
     p.add_argument("--json", help="also write the results here")
@@ -162,7 +164,7 @@ def main() -> None:
         for prec in precisions:
             peaks[threads, prec] = matmul_peak(DTYPES[prec], clock)
         for posenc in args.models.split(","):
-            cfg = ModelConfig(posenc=posenc, dim=args.dim)
+            cfg = ModelConfig(posenc=posenc, dim=args.dim, depth=args.depth, image_size=args.image)
             flops = build_model(cfg).flops_per_image(train=True)
             x = torch.randn(args.batch, cfg.in_chans, cfg.image_size, cfg.image_size)
             y = torch.randint(0, cfg.num_classes, (args.batch,))
@@ -193,7 +195,7 @@ def main() -> None:
         for r in rows
         if r["run"] == "poslens"
     }
-    print(f"torch {torch.__version__}, batch {args.batch}, width {args.dim}, {args.clock} clock; "
+    print(f"torch {torch.__version__}, batch {args.batch}, width {args.dim}, depth {args.depth}, {args.image} px, {args.clock} clock; "
           "matmul peak GFLOP/s: "
           + ", ".join(f"{p} {t} thread(s) {v:.0f}" for (t, p), v in peaks.items()))  # fmt: skip
     print("| threads | model | precision | run | img/s, all seeds (range) | vs sequential | "

@@ -28,8 +28,10 @@ TRAIN = (
     'train.precision="fp32"', "data.n_val=300", "data.n_test=300", 'data.relation="quadrant"',
     "data.n_content=1",
 )  # fmt: skip
+# sae_causal's defaults (SAE size, k, training images and epochs) at the default study's
+# evaluation sizes
 CFG = sae_causal.Config(sites=("early",), n_images=150, probe_images=100, batch_size=150,
-                        train_images=400, epochs=4, doses=(1000,), draws=2)  # fmt: skip
+                        doses=(1000,), draws=2)  # fmt: skip
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,50 @@
+"""Command line: parses arguments (parser.py), calls the Python API (commands.py), maps user
+errors to one line and exit code 2."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from poslens.cli.commands import resolve_device
+from poslens.cli.parser import _Parser, build_parser
+from poslens.errors import UserError, WorkerLost
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from poslens.allocator import keep_freed_memory
+
+    keep_freed_memory()  # this process is ours: reuse big freed CPU blocks (poslens/allocator.py)
+    try:
+        if getattr(args, "device", None) is not None:
+            from poslens.limits import check_device
+
+            here = getattr(args, "executor", "local") == "local"  # slurm: checked on the nodes
+            if here:
+                args.device = resolve_device(args.device)
+            check_device(args.device, here=here)
+        return int(args.fn(args))
+    except UserError as e:
+        print(f"poslens: error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
+    except WorkerLost as e:  # not the input's fault: exit 1, with what is kept
+        print(f"poslens: error: {' '.join(str(e).split())}; {INTERRUPTED.get(args.command, '')}",
+              file=sys.stderr)  # fmt: skip
+        return 1
+    except KeyboardInterrupt:
+        print(f"poslens: interrupted ({INTERRUPTED.get(args.command, '')})", file=sys.stderr)
+        return 130
+
+
+# What an interrupted command leaves, and how to continue: only train takes --resume.
+INTERRUPTED = {
+    "train": "checkpoints written so far are kept; rerun with --resume to continue",
+    "study": "finished stages are kept; rerun the same command to continue",
+    "analyze": "experiments saved so far are kept, without analysis.json; rerun to redo them",
+    "sae": "nothing was saved; rerun the command",
+    "info": "nothing was written",
+}
+
+
+__all__ = ["INTERRUPTED", "_Parser", "build_parser", "main", "resolve_device"]

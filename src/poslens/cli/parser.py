@@ -1,0 +1,229 @@
+"""The argument parser of `poslens`: one subcommand per command in commands.py."""
+
+from __future__ import annotations
+
+import argparse
+from typing import NoReturn
+
+from poslens.cli.commands import cmd_analyze, cmd_info, cmd_sae_train, cmd_study, cmd_train
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a usage error as one line and exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"poslens: error: {message} (see {self.prog} --help)\n")
+
+
+DEVICE_HELP = "torch device: cpu (default), cuda, cuda:N, or auto (cuda if available, else cpu)"
+
+
+def _count(text: str) -> int:
+    """argparse type of --jobs / --threads: 0 (automatic) up to MAX_THREADS."""
+    from poslens._config import MAX_THREADS
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+    if not 0 <= value <= MAX_THREADS:
+        raise argparse.ArgumentTypeError(f"must be 0 (automatic) to {MAX_THREADS}, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from poslens._config import ANALYSIS_PRECISIONS
+    from poslens.training.config import PRESETS
+
+    p = _Parser(
+        prog="poslens", description="How ViTs represent patch position, under APE and RoPE."
+    )
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    t = sub.add_parser("train", help="train a small ViT on a built-in task")
+    t.add_argument(
+        "--preset",
+        action="append",
+        choices=PRESETS,
+        help="default config with this encoding (repeatable)",
+    )
+    t.add_argument("--config", help="TOML run config with [model], [data], [train] tables")
+    t.add_argument(
+        "--set", action="append", metavar="SECTION.FIELD=VALUE", help="override one config field"
+    )
+    t.add_argument(
+        "--out", required=True, help="checkpoint folder (one subfolder per preset if several)"
+    )
+    t.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
+    t.add_argument(
+        "--seeds",
+        metavar="K,K,...",
+        help="train these train.seed values as one ensemble (faster than one by one), each into "
+        "OUT/seedK; the models equal separate runs up to float rounding",
+    )
+    t.add_argument(
+        "--compile",
+        action="store_true",
+        help="with --seeds: torch.compile the ensemble's training step (needs a C++ compiler; "
+        "the first compile of a config takes tens of seconds, later runs reuse its cache)",
+    )
+    t.add_argument("--device", default="cpu", help=DEVICE_HELP)
+    t.add_argument("--no-progress", action="store_true", help="no progress bar")
+    t.set_defaults(fn=cmd_train)
+
+    a = sub.add_parser("analyze", help="run position experiments on a checkpoint")
+    a.add_argument("checkpoint", nargs="?", help="poslens checkpoint folder")
+    a.add_argument("--model", help="timm:NAME, a pretrained timm ViT converted to poslens")
+    a.add_argument(
+        "--weights", help="with --model: a .safetensors file, or 'hub' (timm's download)"
+    )
+    a.add_argument(
+        "--data",
+        help="with --model: image folder, one subfolder per class (class index, ImageNet synset "
+        "id, or all classes in order), preprocessed as the checkpoint's timm config says",
+    )
+    a.add_argument(
+        "--experiments",
+        default="all",
+        help="comma-separated: depth_profile,position_removal,axis_map,windows,components,"
+        "resolution,prefix_attention,heads,sae_causal (default: all that apply)",
+    )
+    a.add_argument("--out", required=True, help="folder for JSON, CSV and figures")
+    a.add_argument("--images", type=int, default=500, help="evaluation images (default 500)")
+    a.add_argument("--probe-images", type=int, default=200, help="images for probes (default 200)")
+    a.add_argument("--batch-size", type=int, default=250)
+    a.add_argument("--seed", type=int, default=0, help="RPI permutation, probe split, random draws")
+    a.add_argument(
+        "--probe-block", type=int, default=-1, help="site for single-site probes (-1: automatic)"
+    )
+    a.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="EXP.FIELD=VALUE",
+        help="override an experiment's config field, e.g. "
+        "sae_causal.sites=blocks.0.hook_resid_pre,blocks.2.hook_resid_pre (repeatable)",
+    )
+    a.add_argument("--device", default="cpu", help=DEVICE_HELP)
+    a.add_argument(
+        "--precision",
+        choices=ANALYSIS_PRECISIONS,
+        default="fp32",
+        help="forward passes in float32 (default) or under torch.autocast in bfloat16 / float16; "
+        "statistics are always computed in float32 or float64",
+    )
+    a.add_argument("--no-progress", action="store_true", help="no progress bars")
+    a.add_argument(
+        "--allow-unfinished",
+        action="store_true",
+        help="use a checkpoint whose training did not finish (recorded in the results)",
+    )
+    a.set_defaults(fn=cmd_analyze)
+
+    sae = sub.add_parser("sae", help="sparse autoencoders on a checkpoint's activations")
+    sae_sub = sae.add_subparsers(dest="sae_command", required=True, parser_class=_Parser)
+    st = sae_sub.add_parser(
+        "train", help="train a TopK SAE at one hook and find positional latents"
+    )
+    st.add_argument("checkpoint", help="poslens checkpoint folder")
+    st.add_argument("--site", default="blocks.1.ln1.hook_normalized", help="hook name")
+    st.add_argument("--out", required=True, help="folder for the SAE, its report and figure")
+    st.add_argument("--k", type=int, default=16, help="active latents per token")
+    st.add_argument("--expansion", type=int, default=4, help="d_sae / d_in")
+    st.add_argument("--epochs", type=int, default=5)
+    st.add_argument("--whiten", action="store_true", help="train on exactly whitened activations")
+    st.add_argument("--images", type=int, default=1000, help="training images (default 1000)")
+    st.add_argument("--device", default="cpu", help=DEVICE_HELP)
+    st.add_argument("--no-progress", action="store_true", help="no progress bar")
+    st.add_argument(
+        "--allow-unfinished",
+        action="store_true",
+        help="use a checkpoint whose training did not finish (recorded in the results)",
+    )
+    st.set_defaults(fn=cmd_sae_train)
+
+    sy = sub.add_parser(
+        "study",
+        help="train, analyse and report: the whole study in one command",
+        description="Train each model and seed (reusing finished checkpoints), or load "
+        "pretrained timm models, run every experiment, aggregate seeds, and write results.json, "
+        "CSV, figures, report.html and report.md. Rerun the same command to continue an "
+        "interrupted study.",
+    )
+    sy.add_argument("--preset", choices=("quick", "default", "paper"), default="default")
+    sy.add_argument("--models", help="comma-separated encodings (default: the preset's)")
+    sy.add_argument("--seeds", type=int, help="seeds per model (default: the preset's)")
+    sy.add_argument(
+        "--pretrained",
+        action="append",
+        metavar="timm:NAME=WEIGHTS",
+        help="study a pretrained timm model instead of training (repeat for several); WEIGHTS "
+        "is a .safetensors file or hub; seeds become analysis seeds",
+    )
+    sy.add_argument(
+        "--data",
+        help="task: relation, animals (default relation); with --pretrained: an image folder "
+        "(class subfolders) or a datasets directory (DIR or DIR::SPLIT)",
+    )
+    sy.add_argument(
+        "--precision",
+        choices=ANALYSIS_PRECISIONS,
+        default="fp32",
+        help="the experiments' forward passes (bf16/fp16 under torch.autocast)",
+    )
+    sy.add_argument("--out", required=True, help="output folder (reused to continue)")
+    sy.add_argument("--device", default="cpu", help=DEVICE_HELP)
+    sy.add_argument(
+        "--jobs",
+        type=_count,
+        default=0,
+        help="model/seed runs in parallel processes (default 0: one per core on the CPU)",
+    )
+    sy.add_argument(
+        "--threads", type=_count, default=0, help="torch threads per job (0: cores / jobs)"
+    )
+    sy.add_argument("--no-progress", action="store_true", help="no progress display")
+    sy.add_argument(
+        "--executor",
+        choices=("local", "slurm"),
+        default="local",
+        help="local (default): processes on this machine (--jobs); slurm: each model/seed run "
+        "as a SLURM job through submitit (pip install 'poslens[slurm]'; --jobs: jobs at a time, "
+        "default all), results written to the shared --out; see docs/study.md",
+    )
+    sl = sy.add_argument_group("SLURM jobs (with --executor slurm)")
+    sl.add_argument("--slurm-partition", metavar="P", help="partition (default: the cluster's)")
+    sl.add_argument(
+        "--slurm-time",
+        dest="slurm_time_min",
+        type=int,
+        metavar="MIN",
+        help="time limit of each job in minutes (default 720); a job that reaches it, or is "
+        "preempted, is requeued and continues",
+    )
+    sl.add_argument("--slurm-gpus-per-task", type=int, metavar="N", help="GPUs per job (0)")
+    sl.add_argument(
+        "--slurm-cpus-per-task", type=int, metavar="N", help="CPUs per job, its torch threads (4)"
+    )
+    sl.add_argument("--slurm-mem-gb", type=float, metavar="GB", help="memory per job")
+    sl.add_argument(
+        "--slurm-option",
+        dest="slurm_options",
+        action="append",
+        metavar="KEY=VALUE",
+        help="any other sbatch option, e.g. account=abc, qos=high, constraint=a100 (repeatable)",
+    )
+    sy.set_defaults(fn=cmd_study)
+
+    i = sub.add_parser("info", help="describe a checkpoint")
+    i.add_argument("checkpoint", nargs="?", help="poslens checkpoint folder")
+    i.add_argument("--model", help="timm:NAME, a pretrained timm ViT converted to poslens")
+    i.add_argument(
+        "--weights", help="weights: a .safetensors file, or 'hub' (timm's download) for timm:NAME"
+    )
+    i.add_argument("--hooks", action="store_true", help="list every hook point name")
+    i.add_argument(
+        "--allow-unfinished", action="store_true", help="describe an unfinished training run too"
+    )
+    i.set_defaults(fn=cmd_info)
+    return p
