@@ -3,7 +3,8 @@ the ViT) vs poslens's StackedViT (grouped ops with a leading member dimension) v
 models, one training step each (forward, backward, per-model clipping, AdamW), same run.
 
 The measurement behind poslens.models.ensemble: on a 2-core AMD EPYC (AVX512-BF16), 1 thread,
-S = 5, CPU clock, APE and RoPE-Axial at the default study's size, vmap ran at 0.92-0.94x (fp32)
+S = 5, CPU clock, APE and RoPE-Axial at width 64, 6 blocks, an 8 x 8 grid (the default study's size
+when the ensemble was designed), vmap ran at 0.92-0.94x (fp32)
 and 0.78-0.84x (bf16) the sequential models' images/s, StackedViT at 1.11-1.15x and 1.09-1.24x.
 
     python benchmarks/ensemble_vmap.py [--seeds 5] [--precisions fp32,bf16] [--rounds 5]
@@ -95,7 +96,7 @@ def main() -> None:
     p.add_argument("--precisions", default="fp32,bf16")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--dim", type=int, default=64, help="default: the default study's width")
+    p.add_argument("--dim", type=int, default=64, help="width (default 64, as measured above)")
     args = p.parse_args()
     keep_freed_memory()
     torch.set_num_threads(args.threads)
