@@ -72,7 +72,7 @@ def test_zeroing_row_and_column_latents_moves_the_fixed_probe_and_the_margin(
     latents, threshold 0.1) detects the additive code and stays quiet on the cell code; the
     model's margin falls beyond the matched control by more than 2 paired SE."""
     rc, cell = planted["ape_rowcol"]["summary"], planted["ape_cell"]["summary"]
-    assert excess(rc, "fixed_drop_out") > 0.25  # measured 0.42
+    assert excess(rc, "fixed_drop_out") > 0.2  # measured 0.34
     assert excess(cell, "fixed_drop_out") < 0.1  # measured 0.0
     se = rc["rowcol+error"]["d_margin_se"] + rc["matched_rowcol"]["d_margin_se"]
     assert excess(rc, "d_margin") < -2 * se
