@@ -106,7 +106,13 @@ def _display(plan: Plan, enabled: bool) -> Iterator[OnEvent]:
                 advance = st.weight
                 done_weight += advance
                 if lines:
-                    what = "reused" if ev.reused else f"{ev.seconds:.1f} s"
+                    what = (
+                        "skipped"
+                        if ev.skipped
+                        else "reused"
+                        if ev.reused
+                        else f"{ev.seconds:.1f} s"
+                    )
                     _say(None, f"poslens: [{len(done)}/{total}] {st.kind} {st.model} seed "
                                f"{st.seed}: {what}; ETA {eta()}")  # fmt: skip
         if bar is not None:

@@ -28,13 +28,14 @@ from poslens.study.plan import RunPlan, Stage, stage_hash
 
 @dataclass(frozen=True)
 class StageEvent:
-    """A run's progress, for the display: a stage starts, or is done (its seconds, and whether its
-    finished files were reused)."""
+    """A run's progress, for the display: a stage starts, or is done (its seconds, whether its
+    finished files were reused, and whether the experiment was skipped on this model)."""
 
     kind: Literal["start", "done"]
     stage: Stage
     seconds: float = 0.0
     reused: bool = False
+    skipped: bool = False
 
     def __str__(self) -> str:  # how a lost run's last event is named
         return f"{'during' if self.kind == 'start' else 'after'} stage {self.stage.kind}"
@@ -260,7 +261,8 @@ def run_one(
              "seconds": round(seconds, 2), "reused": reused} | extra
         )  # fmt: skip
         if events is not None:
-            events.put(StageEvent("done", st, round(seconds, 2), reused))
+            skipped = st.kind != "train" and "skipped" in record
+            events.put(StageEvent("done", st, round(seconds, 2), reused, skipped))
     return entry, timings
 
 
