@@ -106,13 +106,8 @@ def _display(plan: Plan, enabled: bool) -> Iterator[OnEvent]:
                 advance = st.weight
                 done_weight += advance
                 if lines:
-                    what = (
-                        "skipped"
-                        if ev.skipped
-                        else "reused"
-                        if ev.reused
-                        else f"{ev.seconds:.1f} s"
-                    )
+                    seconds = f"{ev.seconds:.1f} s"
+                    what = "skipped" if ev.skipped else "reused" if ev.reused else seconds
                     _say(None, f"poslens: [{len(done)}/{total}] {st.kind} {st.model} seed "
                                f"{st.seed}: {what}; ETA {eta()}")  # fmt: skip
         if bar is not None:
@@ -149,24 +144,22 @@ def execute(plan: Plan, executor: Executor, progress: bool) -> dict[tuple[str, i
     order = sorted(groups, key=lambda m: not learns_slowly(m))
     args = (plan.out, plan.device, plan.threads)
     tasks: dict[str, Task] = {}
+    model_of: dict[str, str] = {}  # task key -> its model
     for model in order:
         runs = groups[model]
         if runs[0].run_config is not None:
             key = f"{model} seeds {runs[0].seed}-{runs[-1].seed}"
-            tasks[key] = Task(key, model_task, (runs, *args))
+            tasks[key], model_of[key] = Task(key, model_task, (runs, *args)), model
         else:
             for r in runs:
-                tasks[f"{r.model} seed {r.seed}"] = Task(
-                    f"{r.model} seed {r.seed}", run_task, (r, *args)
-                )
+                key = f"{r.model} seed {r.seed}"
+                tasks[key], model_of[key] = Task(key, run_task, (r, *args)), model
     with _display(plan, progress) as on_event:
         by_key = executor.run(list(tasks.values()), on_event)
     results: dict[tuple[str, int], RunResult] = {}
-    for key, task in tasks.items():
-        if task.fn is model_task:
-            results |= {(task.args[0][0].model, seed): r for seed, r in by_key[key].items()}
-        else:
-            results[task.args[0].model, task.args[0].seed] = by_key[key]
+    for key, got in by_key.items():  # model_task: seed -> result; run_task: one result
+        per_seed = got if tasks[key].fn is model_task else {tasks[key].args[0].seed: got}
+        results |= {(model_of[key], seed): r for seed, r in per_seed.items()}
     return results
 
 
