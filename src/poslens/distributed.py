@@ -7,7 +7,9 @@ NCCL on CUDA). Without torchrun everything runs as rank 0 of 1 and nothing is in
 
 from __future__ import annotations
 
+import atexit
 import os
+import time
 from typing import Any, TypeVar
 
 import torch
@@ -19,7 +21,7 @@ def world() -> tuple[int, int]:
     first use (gloo: what is exchanged here lives on the CPU) unless `init` joined it already."""
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and dist.is_available():
         if not dist.is_initialized():
-            dist.init_process_group(backend="gloo")
+            _join("gloo")
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
 
@@ -27,9 +29,28 @@ def world() -> tuple[int, int]:
 def init(device: torch.device) -> tuple[int, int]:
     """Join torchrun's process group if the environment asks for one; returns (rank, world)."""
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
-        backend = "nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(backend=backend)
+        _join("nccl" if device.type == "cuda" else "gloo")
     return world()
+
+
+def _join(backend: str) -> None:
+    """Join the process group, and leave it cleanly when the interpreter exits."""
+    dist.init_process_group(backend=backend)
+    atexit.register(_leave)
+
+
+def _leave() -> None:
+    """Let gloo's worker threads finish, then destroy the group.
+
+    A gloo worker releases a finished collective's tensors just after the caller's wait returns,
+    and releasing them takes the GIL. If the main thread has begun interpreter shutdown by then,
+    Python 3.11 ends that thread inside a noexcept destructor and the process aborts ("terminate
+    called without an active exception", SIGABRT) after all its work is done. Sleeping here
+    hands the GIL and the CPU to any worker still holding one.
+    """
+    if dist.is_initialized():
+        time.sleep(0.05)
+        dist.destroy_process_group()
 
 
 def device_for(device: str) -> torch.device:
