@@ -144,7 +144,8 @@ def locked(out: Path) -> Iterator[None]:
 
 def cpu() -> dict[str, Any]:
     """The CPU model and the vector extensions that decide float speed and rounding (bf16 is
-    native with avx512_bf16 or amx_bf16), read from /proc/cpuinfo where there is one."""
+    native with avx512_bf16 or amx_bf16), read from /proc/cpuinfo where there is one, and the
+    instruction set torch's own kernels run with (ATEN_CPU_CAPABILITY can lower it)."""
     name, flags = platform.processor() or platform.machine(), set()
     try:
         info = Path("/proc/cpuinfo").read_text()
@@ -158,7 +159,11 @@ def cpu() -> dict[str, Any]:
             flags = set(value.split())
             break
     wanted = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile")
-    return {"model": name, "extensions": [f for f in wanted if f in flags]}
+    return {
+        "model": name,
+        "extensions": [f for f in wanted if f in flags],
+        "kernels": torch.backends.cpu.get_cpu_capability(),
+    }
 
 
 def environment(threads: int, jobs: int, executor: Executor | None = None) -> dict[str, Any]:
