@@ -49,7 +49,7 @@ def _leave() -> None:
     hands the GIL and the CPU to any worker still holding one.
     """
     if dist.is_initialized():
-        time.sleep(0.05)
+        time.sleep(0.2)  # ample for a worker thread to be scheduled on a busy 2-core machine
         dist.destroy_process_group()
 
 
