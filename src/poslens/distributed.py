@@ -8,6 +8,7 @@ NCCL on CUDA). Without torchrun everything runs as rank 0 of 1 and nothing is in
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import time
 from typing import Any, TypeVar
@@ -50,7 +51,9 @@ def _leave() -> None:
     """
     if dist.is_initialized():
         time.sleep(0.2)  # ample for a worker thread to be scheduled on a busy 2-core machine
-        dist.destroy_process_group()
+        # cleanup after the work is done and written: a peer already gone is no error to show
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()
 
 
 def device_for(device: str) -> torch.device:
