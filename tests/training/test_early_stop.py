@@ -12,32 +12,18 @@ import torch
 
 import poslens
 from poslens.api import checkpoint_status
-from poslens.data import DataConfig
 from poslens.errors import CheckpointError, ConfigError
 from poslens.io import load_tensors, read_metadata
-from poslens.models import ModelConfig
 from poslens.training import RunConfig, TrainConfig, apply_overrides, preset, train
 from poslens.training.train import stop_step
+from tests.training.cli_args import tiny_run_config
 
 from .test_train import _interrupt_after
 
 
 def run_cfg(posenc: str = "ape", steps: int = 12, **train_kw: Any) -> RunConfig:
-    return RunConfig(
-        model=ModelConfig(image_size=16, dim=32, depth=2, heads=2, posenc=posenc),
-        data=DataConfig(image_size=16, object_scale=0.32, n_val=32, n_test=32),
-        train=TrainConfig(
-            **{
-                "steps": steps,
-                "batch_size": 16,
-                "eval_every": 3,
-                "eval_images": 32,
-                "ckpt_every": 6,
-                "precision": "fp32",
-                **train_kw,
-            }
-        ),
-    )
+    kw = {"eval_every": 3, "ckpt_every": 6, **train_kw}
+    return tiny_run_config(posenc, steps, model_kw={"image_size": 16}, **kw)
 
 
 def test_stop_acc_is_left_out_of_saved_configs_at_their_default() -> None:

@@ -15,15 +15,15 @@ import torch
 import poslens
 from poslens.api import checkpoint_status
 from poslens.cli import main
-from poslens.data import DataConfig
 from poslens.errors import CheckpointError, ConfigError
 from poslens.io import load_tensors
-from poslens.models import ModelConfig, build_model
+from poslens.models import build_model
 from poslens.models.ensemble import StackedViT
-from poslens.training import RunConfig, TrainConfig, train
+from poslens.training import RunConfig, train
 from poslens.training import ensemble as ens
 from poslens.training.ensemble import clip_grad_norms, train_ensemble
 from poslens.training.train import make_optimizer
+from tests.training.cli_args import tiny_run_config
 
 FILES = {"config.json", "model.safetensors", "train_state.safetensors", "metrics.json"}
 TIMINGS = {"train_seconds", "train_images_per_s"}
@@ -39,24 +39,9 @@ WEIGHT_TOL = 2e-5
 def run_cfg(
     posenc: str, seed: int, steps: int = 8, model_kw: dict[str, Any] | None = None, **train_kw: Any
 ) -> RunConfig:
-    return RunConfig(
-        model=ModelConfig(dim=32, depth=2, heads=2, posenc=posenc, **(model_kw or {})),
-        data=DataConfig(image_size=16, object_scale=0.32, n_val=32, n_test=32),
-        train=TrainConfig(
-            **{
-                "steps": steps,
-                "batch_size": 16,
-                "eval_every": 4,
-                "eval_images": 32,
-                "ckpt_every": 4,
-                "precision": "fp32",
-                # small enough that every member is clipped, each by its own norm
-                "grad_clip": 0.05,
-                "seed": seed,
-                **train_kw,
-            }  # type: ignore[arg-type]
-        ),
-    )
+    # grad_clip small enough that every member is clipped, each by its own norm
+    kw = {"eval_every": 4, "ckpt_every": 4, "grad_clip": 0.05, "seed": seed, **train_kw}
+    return tiny_run_config(posenc, steps, model_kw, **kw)
 
 
 def max_diff(a: Path, b: Path, name: str = "model.safetensors") -> float:

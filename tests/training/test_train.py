@@ -9,30 +9,15 @@ import pytest
 import torch
 
 import poslens
-from poslens.data import DataConfig
 from poslens.errors import CheckpointError, ConfigError
 from poslens.io import load_tensors
-from poslens.models import ModelConfig
-from poslens.training import RunConfig, TrainConfig, apply_overrides, load_config, preset, train
+from poslens.training import RunConfig, apply_overrides, load_config, preset, train
 from poslens.training.train import lr_at
+from tests.training.cli_args import tiny_run_config
 
 
 def tiny_run(steps: int = 6, **train_kw: object) -> RunConfig:
-    return RunConfig(
-        model=ModelConfig(dim=32, depth=2, heads=2, posenc="rope_axial"),
-        data=DataConfig(image_size=16, object_scale=0.32, n_val=32, n_test=32),
-        train=TrainConfig(
-            **{
-                "steps": steps,
-                "batch_size": 16,
-                "eval_every": 3,
-                "eval_images": 32,
-                "ckpt_every": 2,
-                "precision": "fp32",
-                **train_kw,
-            }  # type: ignore[arg-type]
-        ),
-    )
+    return tiny_run_config("rope_axial", steps, **{"eval_every": 3, "ckpt_every": 2, **train_kw})
 
 
 def test_training_writes_a_loadable_checkpoint_and_metrics(tmp_path: Path) -> None:
