@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import typing
+from collections.abc import Sequence
 from typing import Any
 
 from poslens.errors import ConfigError
@@ -126,4 +127,18 @@ def override(cls: Any, section: str, items: dict[str, str]) -> dict[str, Any]:
             known = ", ".join(cls.__dataclass_fields__)
             raise ConfigError(f"unknown field {section}.{key} (known: {known})")
         out[key] = parse_value(f"{section}.{key}", text, hints[key])
+    return out
+
+
+def experiment_sets(items: Sequence[str], what: str) -> dict[str, dict[str, str]]:
+    """`experiment.field=value` items grouped by experiment ({experiment: {field: text}}); the
+    one parser of `poslens analyze --set` and `study.analysis_set` (`what` names the source in
+    the one-line error on a malformed item)."""
+    out: dict[str, dict[str, str]] = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        exp, dot, fld = key.partition(".")
+        if not eq or not dot or not exp or not fld:
+            raise ConfigError(f"{what} expects EXPERIMENT.FIELD=VALUE, got {item!r}")
+        out.setdefault(exp, {})[fld] = value
     return out

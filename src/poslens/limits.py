@@ -245,6 +245,15 @@ def check_sae(
 DEVICE_TYPES = ("cpu", "cuda", "mps")
 
 
+def resolve_device(name: str) -> str:
+    """'auto' -> 'cuda' when torch sees a GPU, else 'cpu'; any other name unchanged."""
+    if name != "auto":
+        return name
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def check_device(name: str, here: bool = True) -> None:
     """A device torch knows and this machine has: cpu, cuda[:N] with CUDA, mps on Apple.
     here=False: only the name (the work runs elsewhere, e.g. as SLURM jobs)."""

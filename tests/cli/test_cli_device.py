@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from poslens import cli
+from poslens.limits import resolve_device
 
 
 @pytest.mark.parametrize("available,want", [(False, "cpu"), (True, "cuda")])
@@ -14,8 +15,8 @@ def test_auto_follows_cuda_availability(
     available: bool, want: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: available)
-    assert cli.resolve_device("auto") == want
-    assert cli.resolve_device("cpu") == "cpu" and cli.resolve_device("cuda:1") == "cuda:1"
+    assert resolve_device("auto") == want
+    assert resolve_device("cpu") == "cpu" and resolve_device("cuda:1") == "cuda:1"
 
 
 @pytest.mark.parametrize(

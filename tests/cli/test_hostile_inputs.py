@@ -348,7 +348,7 @@ def test_real_entry_points_print_help_and_one_line_errors(tmp_path: Path) -> Non
     r = subprocess.run(
         [sys.executable, "-m", "poslens.report", "--help"], capture_output=True, text=True
     )
-    assert r.returncode == 0 and "usage: python -m poslens.report" in r.stdout
+    assert r.returncode == 0 and "usage: poslens report" in r.stdout
     assert not (Path("--help")).exists()
     r = subprocess.run(
         [sys.executable, "-m", "poslens", "train", "--out", str(tmp_path / "o"), "--set",

@@ -177,7 +177,7 @@ def test_position_removal_end_to_end_and_outputs(task: Task, tmp_path: Path) -> 
     )
     assert 0 <= res.probe_site <= m.cfg.depth
     assert by_name["axis_row"].probe is not None and by_name["axis_row"].probe.shape == (3,)
-    files = save(res, tmp_path)
+    files = save(res, tmp_path, position_removal.plot)
     assert {f.name for f in files} == {
         "position_removal.json",
         "position_removal_conditions.csv",
@@ -195,7 +195,7 @@ def test_depth_profile_and_axis_map(task: Task, tmp_path: Path) -> None:
     assert res.sites == ["0", "1", "out"]
     assert res.probes.test_acc.shape == res.control.test_acc.shape == (3, 3)
     assert res.ssdc_clean.shape == res.ssdc_rpi.shape == res.effective_rank.shape == (3,)
-    save(res, tmp_path)
+    save(res, tmp_path, depth_profile.plot)
     assert (tmp_path / "depth_profile_probes.csv").is_file()
     amap = axis_map_exp.run(m)
     assert amap.counts == {"row": 2 * 2 * 4, "col": 2 * 2 * 4, "mixed": 0, "none": 0}

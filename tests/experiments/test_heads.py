@@ -362,11 +362,11 @@ def test_ape_uses_head_output_ablation(noise: Task) -> None:
     assert any(c.d_margin.mean != 0 for c in res.carrying)  # ablation changed the model
     assert res.attention.specialization.shape == (2, HEADS)
     assert {"attention", "carrying", "cumulative"} == set(res.tables())
-    res.plot()
+    heads.plot(res)
 
 
 def test_outputs_json_csv_png(planted_result: heads.Heads, tmp_path: Path) -> None:
-    written = save(planted_result, tmp_path)
+    written = save(planted_result, tmp_path, heads.plot)
     assert {p.name for p in written} == {
         "heads.json",
         *(
@@ -394,7 +394,7 @@ def test_outputs_json_csv_png(planted_result: heads.Heads, tmp_path: Path) -> No
 
 def test_registered_and_runs_from_the_cli(tmp_path: Path) -> None:
     assert EXPERIMENTS.index("heads") == EXPERIMENTS.index("sae_causal") - 1
-    assert get("heads") is heads
+    assert get("heads") is heads.EXPERIMENT and get("heads").run is heads.run
     data = DataConfig(image_size=16, object_scale=0.32, n_val=16, n_test=30)
     build_task(data)
     m = tiny("rope_axial", num_classes=16)

@@ -150,7 +150,7 @@ def test_fixed_probe_block_still_probes_every_site(data: Task) -> None:
 
 def test_save_writes_json_csv_and_png(data: Task, tmp_path: Path) -> None:
     result = prefix_attention.run(tiny("rope_axial", num_classes=4), data, CFG)
-    written = save(result, tmp_path)
+    written = save(result, tmp_path, prefix_attention.plot)
     assert {p.name for p in written} == {
         "prefix_attention.json",
         "prefix_attention_conditions.csv",

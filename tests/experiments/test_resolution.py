@@ -147,7 +147,7 @@ def test_model_without_position_compares_intact_only(data: Task) -> None:
 
 def test_save_writes_json_csv_and_png(data: Task, tmp_path: Path) -> None:
     result = resolution.run(tiny("rope_axial", num_classes=4), data, CFG)
-    written = save(result, tmp_path)
+    written = save(result, tmp_path, resolution.plot)
     assert {p.name for p in written} == {
         "resolution.json",
         "resolution_conditions.csv",

@@ -61,7 +61,7 @@ def test_sae_causal_end_to_end(tmp_path: Path) -> None:
     assert np.array_equal(
         res.results[0].probes["intact"]["refit"][1], res.results[1].probes["intact"]["refit"][1]
     )
-    save(res, tmp_path)
+    save(res, tmp_path, sae_causal.plot)
     rows = list(csv.DictReader((tmp_path / "sae_causal_conditions.csv").open()))
     assert {r["sae_site"] for r in rows} == set(sites)
     with pytest.raises(ConfigError, match="analysis.sites"):

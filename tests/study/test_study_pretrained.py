@@ -19,7 +19,7 @@ from safetensors.torch import save_file
 from poslens.errors import CheckpointError, ConfigError, DataError
 from poslens.study import StudyConfig, preset, run_study
 from poslens.study.claims import PRETRAINED_CAVEAT
-from poslens.study.plan import Stage, only_models
+from poslens.study.plan import Stage
 from tests.conftest import shrink_timm
 
 if os.environ.get("POSLENS_FULL") == "1":
@@ -178,7 +178,7 @@ def test_paper_preset_for_pretrained_models_is_the_original_protocol() -> None:
         cfg.analysis_set
     )
     assert cfg.model_keys == (APE,)
-    sae = Stage("sae_causal", APE, 0, 1.0, only=only_models(cfg)["sae_causal"])
+    sae = Stage("sae_causal", APE, 0, 1.0, only=cfg.only_models["sae_causal"])
     assert sae.skipped_for("ape") is False  # SAEs on the APE model only
     rope = Stage("sae_causal", "vit_base_patch16_rope_224", 0, 1.0, only=sae.only)
     assert rope.skipped_for("rope_axial") is True

@@ -55,7 +55,7 @@ model, data = poslens.load(ckpt), poslens.load_task(ckpt)
 for module in (depth_profile, position_removal):
     result = module.run(model, data, module.Config(n_images=30, probe_images=30, batch_size=8))
     if distributed.is_main():
-        save(result, out)
+        save(result, out, module.plot)
 if distributed.is_main():
     (out / "world.json").write_text(json.dumps(distributed.world()))
 """

@@ -6,7 +6,6 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from poslens.cli.commands import resolve_device
 from poslens.cli.parser import _Parser, build_parser
 from poslens.errors import UserError, WorkerLost
 
@@ -18,7 +17,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     keep_freed_memory()  # this process is ours: reuse big freed CPU blocks (poslens/allocator.py)
     try:
         if getattr(args, "device", None) is not None:
-            from poslens.limits import check_device
+            from poslens.limits import check_device, resolve_device
 
             here = getattr(args, "executor", "local") == "local"  # slurm: checked on the nodes
             if here:
@@ -44,7 +43,8 @@ INTERRUPTED = {
     "analyze": "experiments saved so far are kept, without analysis.json; rerun to redo them",
     "sae": "nothing was saved; rerun the command",
     "info": "nothing was written",
+    "report": "reports are written atomically: each is the old one or the new one; rerun it",
 }
 
 
-__all__ = ["INTERRUPTED", "_Parser", "build_parser", "main", "resolve_device"]
+__all__ = ["INTERRUPTED", "_Parser", "build_parser", "main"]

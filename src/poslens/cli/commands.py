@@ -1,5 +1,5 @@
-"""The commands behind `poslens train | info | analyze | sae train | study`: each turns parsed
-arguments into calls of the Python API and returns an exit code."""
+"""The commands behind `poslens train | info | analyze | sae train | study | report`: each turns
+parsed arguments into calls of the Python API and returns an exit code."""
 
 from __future__ import annotations
 
@@ -14,15 +14,6 @@ if TYPE_CHECKING:
     from poslens.api import CheckpointStatus
     from poslens.study.slurm import SlurmOptions
     from poslens.training.config import RunConfig
-
-
-def resolve_device(name: str) -> str:
-    """'auto' -> 'cuda' when torch sees a GPU, else 'cpu'; any other name unchanged."""
-    if name != "auto":
-        return name
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _rank_zero() -> bool:
@@ -148,6 +139,7 @@ def _experiment_names(text: str) -> list[str]:
         return list(experiments.EXPERIMENTS)
     names = [n.strip() for n in text.split(",")]
     for i, n in enumerate(names):
+        experiments.get(n)  # an unknown name is refused first, naming the known ones
         if n in names[:i]:
             raise UserError(f"--experiments lists {n!r} twice")
     return names
@@ -155,29 +147,26 @@ def _experiment_names(text: str) -> list[str]:
 
 def _overrides(items: Sequence[str], names: Sequence[str]) -> dict[str, dict[str, str]]:
     """`--set experiment.field=value` items grouped by experiment (which must be selected)."""
-    out: dict[str, dict[str, str]] = {}
-    for item in items:
-        key, eq, value = item.partition("=")
-        exp, dot, field = key.partition(".")
-        if not eq or not dot or not field:
-            raise UserError(f"--set expects EXPERIMENT.FIELD=VALUE, got {item!r}")
+    from poslens._config import experiment_sets
+
+    sets = experiment_sets(items, "--set")
+    for exp, fields in sets.items():
         if exp not in names:
+            item = next(f"{exp}.{k}={v}" for k, v in fields.items())
             raise UserError(f"--set {item!r}: experiment {exp!r} is not selected")
-        out.setdefault(exp, {})[field] = value
-    return out
+    return sets
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
     import poslens
-    from poslens import distributed, experiments
-    from poslens._config import override
+    from poslens import distributed
     from poslens.experiments.analyze import analyze
+    from poslens.experiments.registry import configs as experiment_configs
     from poslens.io import jsonable, write_json
     from poslens.limits import check_analysis, check_output_dir
     from poslens.precision import autocast
 
     names = _experiment_names(args.experiments)
-    modules = [experiments.get(n) for n in names]  # validates every name before any work
     common = {
         "n_images": args.images,
         "probe_images": min(args.probe_images, args.images),
@@ -186,12 +175,8 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         "probe_block": args.probe_block,
         "precision": args.precision,
     }
-    sets = _overrides(args.set, names)
-    # ConfigError before any work, too
-    configs = [
-        m.Config(**{**common, **override(m.Config, n, sets.get(n, {}))})
-        for n, m in zip(names, modules, strict=True)
-    ]
+    # every name, field and value checked (UserError) before any work
+    configs = list(experiment_configs(names, common, _overrides(args.set, names)).values())
     try:
         device = str(distributed.device_for(args.device))  # cuda:LOCAL_RANK under torchrun
     except RuntimeError:
@@ -354,3 +339,21 @@ def _slurm_options(args: argparse.Namespace) -> SlurmOptions | None:
     )
     opts.check(args.device)
     return opts
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """Re-render report.html and report.md of one study folder from its results.json, after
+    checking it (size, depth, finite numbers, the schema)."""
+    from poslens.io import read_json
+    from poslens.report import write_report
+    from poslens.report.schema import check_results
+
+    out_dir = Path(args.dir)
+    if not out_dir.is_dir():
+        raise UserError(f"{out_dir} is not a folder (give a poslens study output folder)")
+    path = out_dir / "results.json"
+    results = read_json(path, "results")  # size, depth and finite numbers bounded
+    check_results(results, str(path))
+    for p in write_report(out_dir, results):
+        print(p)
+    return 0

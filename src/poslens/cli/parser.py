@@ -5,7 +5,14 @@ from __future__ import annotations
 import argparse
 from typing import NoReturn
 
-from poslens.cli.commands import cmd_analyze, cmd_info, cmd_sae_train, cmd_study, cmd_train
+from poslens.cli.commands import (
+    cmd_analyze,
+    cmd_info,
+    cmd_report,
+    cmd_sae_train,
+    cmd_study,
+    cmd_train,
+)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -31,13 +38,11 @@ def _count(text: str) -> int:
     return value
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "poslens") -> argparse.ArgumentParser:
     from poslens._config import ANALYSIS_PRECISIONS
     from poslens.training.config import PRESETS
 
-    p = _Parser(
-        prog="poslens", description="How ViTs represent patch position, under APE and RoPE."
-    )
+    p = _Parser(prog=prog, description="How ViTs represent patch position, under APE and RoPE.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     t = sub.add_parser("train", help="train a small ViT on a built-in task")
@@ -226,4 +231,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--allow-unfinished", action="store_true", help="describe an unfinished training run too"
     )
     i.set_defaults(fn=cmd_info)
+
+    r = sub.add_parser(
+        "report", help="rebuild a study's report.html and report.md from its results.json"
+    )
+    r.add_argument("dir", metavar="DIR", help="a `poslens study` output folder")
+    r.set_defaults(fn=cmd_report)
     return p

@@ -1,35 +1,12 @@
-"""Experiments: one module each, all with `run(model, data, cfg=None, progress=False) -> Result`.
-
-A Result is a frozen dataclass with `to_dict()` (JSON-ready after `common.jsonable`), `tables()`
-(CSV rows) and `plot()` (a matplotlib Figure); `common.save(result, folder)` writes all three.
+"""Experiments: one module (or package) each, with `run(model, data, cfg=None, progress=False)
+-> Result`, `applies(model)`, `headline(doc)` and `plot(result)`, registered once in
+registry.py. A Result is data: a frozen dataclass with `to_dict()` (JSON-ready after
+`io.jsonable`) and `tables()` (CSV rows); `output.save(result, folder, plot)` writes the JSON,
+the CSVs and the figure.
 """
 
 from __future__ import annotations
 
-import importlib
-from types import ModuleType
+from poslens.experiments.registry import EXPERIMENTS, REGISTRY, get
 
-from poslens.errors import UserError
-
-# In the order `poslens analyze` runs them.
-EXPERIMENTS = (
-    "depth_profile",
-    "position_removal",
-    "axis_map",
-    "windows",
-    "components",
-    "resolution",
-    "prefix_attention",
-    "heads",
-    "sae_causal",
-)
-
-
-def get(name: str) -> ModuleType:
-    """The module of experiment `name` (UserError naming the known ones if unknown)."""
-    if name not in EXPERIMENTS:
-        raise UserError(f"unknown experiment {name!r}; expected one of {', '.join(EXPERIMENTS)}")
-    return importlib.import_module(f"poslens.experiments.{name}")
-
-
-__all__ = ["EXPERIMENTS", "get"]
+__all__ = ["EXPERIMENTS", "REGISTRY", "get"]

@@ -51,7 +51,7 @@ def analyze(
             result = module.run(model, data, cfg, progress=progress)
             # a failed write (a full disk) leaves none of this experiment's files behind
             with removed_on_error(out, (f"{name}.*", f"{name}_*.csv")):
-                files = save(result, out, formats=formats, config=cfg)
+                files = save(result, out, module.plot, formats=formats, config=cfg)
             record = {
                 "seconds": round(time.perf_counter() - start, 1),
                 "files": files,

@@ -16,7 +16,7 @@ from matplotlib.figure import Figure
 
 from poslens.data import Task
 from poslens.experiments.config import ExperimentConfig
-from poslens.experiments.output import Headline
+from poslens.experiments.output import Experiment, Headline
 from poslens.interventions import axis_map
 from poslens.interventions.rotary import AxisMap
 from poslens.models.vit import ViT
@@ -86,37 +86,6 @@ class AxisMapResult:
         ]
         return {"planes": rows}
 
-    def plot(self) -> Figure:
-        a = self.amap
-        depth, H, P = a.score.shape
-        fig = Figure(figsize=(11, 3.6), layout="constrained")
-        ax1, ax2 = fig.subplots(1, 2, width_ratios=(1.4, 1))
-        im = ax1.imshow(
-            a.score.reshape(depth * H, P), cmap="RdBu_r", vmin=-1, vmax=1, aspect="auto"
-        )
-        ax1.set_yticks(np.arange(0, depth * H, H), [f"block {b}" for b in range(depth)], fontsize=7)
-        ax1.set(
-            xlabel="plane", title=f"axis score per block x head (+1 row, -1 column) · {self.counts}"
-        )
-        ax1.title.set_fontsize(8)
-        fig.colorbar(im, ax=ax1, shrink=0.8)
-        if self.posenc.startswith("rope_mixed"):
-            ax2.scatter(
-                a.direction_deg.ravel(), a.freq.ravel(), c=a.alignment.ravel(), cmap="viridis", s=8
-            )
-            ax2.set(xlabel="frequency direction (deg; 0 column, ±90 row)")
-            ax2.set(ylabel="angular speed (rad / patch)", title="learned 2-D frequencies")
-        else:
-            for axis, colour in (("row", "tab:red"), ("col", "tab:blue"), ("mixed", "grey")):
-                m = a.axis[0, 0] == axis
-                ax2.scatter(np.flatnonzero(m), a.freq[0, 0][m], color=colour, label=axis)
-            ax2.set_yscale("log")
-            ax2.set(xlabel="plane", ylabel="angular speed (rad / patch)", title="block 0, head 0")
-            ax2.legend(fontsize=8)
-        ax2.grid(alpha=0.3)
-        return fig
-
-
 def run(
     model: ViT,
     data: Task | None = None,
@@ -128,6 +97,37 @@ def run(
     return AxisMapResult(model.cfg.posenc, model.cfg.rope_layout, axis_map(model))
 
 
+def plot(res: AxisMapResult) -> Figure:
+    a = res.amap
+    depth, H, P = a.score.shape
+    fig = Figure(figsize=(11, 3.6), layout="constrained")
+    ax1, ax2 = fig.subplots(1, 2, width_ratios=(1.4, 1))
+    im = ax1.imshow(
+        a.score.reshape(depth * H, P), cmap="RdBu_r", vmin=-1, vmax=1, aspect="auto"
+    )
+    ax1.set_yticks(np.arange(0, depth * H, H), [f"block {b}" for b in range(depth)], fontsize=7)
+    ax1.set(
+        xlabel="plane", title=f"axis score per block x head (+1 row, -1 column) · {res.counts}"
+    )
+    ax1.title.set_fontsize(8)
+    fig.colorbar(im, ax=ax1, shrink=0.8)
+    if res.posenc.startswith("rope_mixed"):
+        ax2.scatter(
+            a.direction_deg.ravel(), a.freq.ravel(), c=a.alignment.ravel(), cmap="viridis", s=8
+        )
+        ax2.set(xlabel="frequency direction (deg; 0 column, ±90 row)")
+        ax2.set(ylabel="angular speed (rad / patch)", title="learned 2-D frequencies")
+    else:
+        for axis, colour in (("row", "tab:red"), ("col", "tab:blue"), ("mixed", "grey")):
+            m = a.axis[0, 0] == axis
+            ax2.scatter(np.flatnonzero(m), a.freq[0, 0][m], color=colour, label=axis)
+        ax2.set_yscale("log")
+        ax2.set(xlabel="plane", ylabel="angular speed (rad / patch)", title="block 0, head 0")
+        ax2.legend(fontsize=8)
+    ax2.grid(alpha=0.3)
+    return fig
+
+
 def headline(d: dict[str, Any]) -> Headline:
     """Plane counts per axis, the share of axis-aligned planes and the row planes per head."""
     total = sum(d["counts"].values())
@@ -137,3 +137,6 @@ def headline(d: dict[str, Any]) -> Headline:
     out["head_blocks"] = float(len(d["per_head"]))  # depth x heads
     out["row_planes_per_head"] = d["counts"]["row"] / max(1, len(d["per_head"]))
     return out
+
+
+EXPERIMENT = Experiment("axis_map", Config, run, applies, headline, plot)

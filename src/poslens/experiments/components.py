@@ -26,7 +26,7 @@ from poslens.distributed import gather, shard
 from poslens.errors import ConfigError
 from poslens.experiments.conditions import Condition
 from poslens.experiments.config import ExperimentConfig
-from poslens.experiments.output import Header, Headline, top_level_numbers
+from poslens.experiments.output import Experiment, Header, Headline, top_level_numbers
 from poslens.experiments.readout import (
     ConditionResult,
     eval_images,
@@ -151,75 +151,6 @@ class Components(Header):
             out["patching"] = self.patching.rows
         return out
 
-    def plot(self) -> Figure:
-        fig = Figure(figsize=(13, 3.8), layout="constrained")
-        ax1, ax2, ax3 = fig.subplots(1, 3)
-        single = [c for c in self.ablations if c.meta["window"].startswith("block_")]
-        for comp, mode, style in (
-            ("attn", "zero", "o-"),
-            ("attn", "mean", "o--"),
-            ("mlp", "zero", "s-"),
-            ("mlp", "mean", "s--"),
-        ):
-            cs = [c for c in single if c.meta["component"] == comp and c.meta["mode"] == mode]
-            if cs:
-                ax1.errorbar(
-                    [c.meta["blocks"][0] for c in cs],
-                    [c.d_margin.mean for c in cs],
-                    yerr=[c.d_margin.se for c in cs],
-                    fmt=style,
-                    label=f"{comp} {mode}",
-                    capsize=2,
-                )
-        ax1.axhline(0, color="black", lw=0.5)
-        ax1.set(
-            title="one block ablated: margin change",
-            xlabel="block",
-            ylabel="Δ correct-class margin",
-        )
-        if single:
-            ax1.legend(fontsize=7)
-        wins = [
-            c
-            for c in self.ablations
-            if not c.meta["window"].startswith("block_")
-            and c.meta["mode"] == self.ablations[0].meta["mode"]
-        ]
-        y = np.arange(len(wins))
-        ax2.barh(y, [100 * c.accuracy for c in wins])
-        ax2.axvline(100 * self.baseline["accuracy"], color="black", lw=1)
-        ax2.set_yticks(y, [f"{c.meta['component']} {c.meta['window']}" for c in wins], fontsize=7)
-        ax2.invert_yaxis()
-        ax2.set(
-            title=f"windows ({wins[0].meta['mode'] if wins else ''} ablation): accuracy",
-            xlabel="accuracy (%)",
-            xlim=(0, 100),
-        )
-        if self.patching is not None:
-            for site, colour in zip(PATCH_SITES, ("black", "tab:blue", "tab:orange"), strict=True):
-                for donor, ls in zip(DONORS, ("-", "--", ":"), strict=True):
-                    rows = [
-                        r
-                        for r in self.patching.rows
-                        if r["site"] == site and r["donor"] == donor and r["block"] != "all"
-                    ]
-                    ax3.plot(
-                        [r["block"] for r in rows],
-                        [r["recovery_margin"] for r in rows],
-                        ls,
-                        color=colour,
-                        marker=".",
-                        label=f"{site}, {donor}",
-                    )
-            ax3.axhline(0, color="black", lw=0.5)
-            ax3.axhline(1, color="grey", lw=0.5)
-            ax3.set(title="patching clean into RPI: margin recovery", xlabel="block")
-            ax3.legend(fontsize=6, ncol=2)
-        for ax in (ax1, ax2, ax3):
-            ax.grid(alpha=0.3)
-        return fig
-
-
 @torch.no_grad()
 def run_patching(model: ViT, images: torch.Tensor, labels: torch.Tensor, cfg: Config) -> Patching:
     """Patch clean activations into the RPI run, for every site, block and donor control."""
@@ -327,6 +258,78 @@ def run(model: ViT, data: Task, cfg: Config | None = None, progress: bool = Fals
     )
 
 
+def plot(res: Components) -> Figure:
+    fig = Figure(figsize=(13, 3.8), layout="constrained")
+    ax1, ax2, ax3 = fig.subplots(1, 3)
+    single = [c for c in res.ablations if c.meta["window"].startswith("block_")]
+    for comp, mode, style in (
+        ("attn", "zero", "o-"),
+        ("attn", "mean", "o--"),
+        ("mlp", "zero", "s-"),
+        ("mlp", "mean", "s--"),
+    ):
+        cs = [c for c in single if c.meta["component"] == comp and c.meta["mode"] == mode]
+        if cs:
+            ax1.errorbar(
+                [c.meta["blocks"][0] for c in cs],
+                [c.d_margin.mean for c in cs],
+                yerr=[c.d_margin.se for c in cs],
+                fmt=style,
+                label=f"{comp} {mode}",
+                capsize=2,
+            )
+    ax1.axhline(0, color="black", lw=0.5)
+    ax1.set(
+        title="one block ablated: margin change",
+        xlabel="block",
+        ylabel="Δ correct-class margin",
+    )
+    if single:
+        ax1.legend(fontsize=7)
+    wins = [
+        c
+        for c in res.ablations
+        if not c.meta["window"].startswith("block_")
+        and c.meta["mode"] == res.ablations[0].meta["mode"]
+    ]
+    y = np.arange(len(wins))
+    ax2.barh(y, [100 * c.accuracy for c in wins])
+    ax2.axvline(100 * res.baseline["accuracy"], color="black", lw=1)
+    ax2.set_yticks(y, [f"{c.meta['component']} {c.meta['window']}" for c in wins], fontsize=7)
+    ax2.invert_yaxis()
+    ax2.set(
+        title=f"windows ({wins[0].meta['mode'] if wins else ''} ablation): accuracy",
+        xlabel="accuracy (%)",
+        xlim=(0, 100),
+    )
+    if res.patching is not None:
+        for site, colour in zip(PATCH_SITES, ("black", "tab:blue", "tab:orange"), strict=True):
+            for donor, ls in zip(DONORS, ("-", "--", ":"), strict=True):
+                rows = [
+                    r
+                    for r in res.patching.rows
+                    if r["site"] == site and r["donor"] == donor and r["block"] != "all"
+                ]
+                ax3.plot(
+                    [r["block"] for r in rows],
+                    [r["recovery_margin"] for r in rows],
+                    ls,
+                    color=colour,
+                    marker=".",
+                    label=f"{site}, {donor}",
+                )
+        ax3.axhline(0, color="black", lw=0.5)
+        ax3.axhline(1, color="grey", lw=0.5)
+        ax3.set(title="patching clean into RPI: margin recovery", xlabel="block")
+        ax3.legend(fontsize=6, ncol=2)
+    for ax in (ax1, ax2, ax3):
+        ax.grid(alpha=0.3)
+    return fig
+
+
 def headline(d: dict[str, Any]) -> Headline:
     """The top-level numbers (no claim reads this experiment)."""
     return top_level_numbers(d)
+
+
+EXPERIMENT = Experiment("components", Config, run, applies, headline, plot, cost=40)

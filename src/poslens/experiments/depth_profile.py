@@ -17,7 +17,7 @@ from matplotlib.figure import Figure
 from poslens.data import Task
 from poslens.distributed import in_order, shard
 from poslens.experiments.config import ExperimentConfig
-from poslens.experiments.output import Header, Headline, probe_numbers, probe_rows
+from poslens.experiments.output import Experiment, Header, Headline, probe_numbers, probe_rows
 from poslens.experiments.readout import (
     choose_probe_site,
     eval_images,
@@ -89,33 +89,6 @@ class DepthProfile(Header):
         probes += probe_rows(self.sites, self.control, model="random_init")
         return {"ssdc": ssdc, "probes": probes}
 
-    def plot(self) -> Figure:
-        fig = Figure(figsize=(11, 3.6), layout="constrained")
-        ax1, ax2 = fig.subplots(1, 2)
-        x = np.arange(len(self.sites))
-        ax1.plot(x, self.ssdc_rpi, "o-", label="RPI, raw")
-        ax1.plot(x, self.ssdc_rpi_norm, "o--", label="RPI, normalised")
-        ax1.plot(x, self.ssdc_clean, "s-", alpha=0.6, label="clean, raw")
-        ax1.plot(x, self.control_ssdc_rpi, ":", color="grey", label="RPI, random init")
-        ax1.axhline(0, color="black", lw=0.5)
-        ax1.set(
-            title=f"SSDC ({self.posenc})", xlabel="site (residual entering block)", ylim=(-1, 1)
-        )
-        for ax in (ax1, ax2):
-            ax.set_xticks(x, self.sites)
-            ax.grid(alpha=0.3)
-        for j, t in enumerate(TARGETS):
-            (line,) = ax2.plot(x, 100 * self.probes.test_acc[:, j], "o-", label=t)
-            ax2.plot(x, 100 * self.control.test_acc[:, j], ":", color=line.get_color())
-            ax2.axhline(100 * self.probes.chance[j], color=line.get_color(), lw=0.8, ls="--")
-        ax2.axvline(self.probe_site, color="grey", lw=4, alpha=0.2)
-        ax2.set(title="probes (dotted: random init; dashed: chance)", ylim=(0, 101))
-        ax2.set(xlabel="site", ylabel="test accuracy (%)")
-        ax1.legend(fontsize=7)
-        ax2.legend(fontsize=7)
-        return fig
-
-
 @torch.no_grad()
 def _effective_ranks(model: ViT, images: torch.Tensor, cfg: ExperimentConfig) -> np.ndarray:
     """Effective rank of the centred patch tokens at every site, over all of `images` (batches
@@ -169,6 +142,33 @@ def run(
     )
 
 
+def plot(res: DepthProfile) -> Figure:
+    fig = Figure(figsize=(11, 3.6), layout="constrained")
+    ax1, ax2 = fig.subplots(1, 2)
+    x = np.arange(len(res.sites))
+    ax1.plot(x, res.ssdc_rpi, "o-", label="RPI, raw")
+    ax1.plot(x, res.ssdc_rpi_norm, "o--", label="RPI, normalised")
+    ax1.plot(x, res.ssdc_clean, "s-", alpha=0.6, label="clean, raw")
+    ax1.plot(x, res.control_ssdc_rpi, ":", color="grey", label="RPI, random init")
+    ax1.axhline(0, color="black", lw=0.5)
+    ax1.set(
+        title=f"SSDC ({res.posenc})", xlabel="site (residual entering block)", ylim=(-1, 1)
+    )
+    for ax in (ax1, ax2):
+        ax.set_xticks(x, res.sites)
+        ax.grid(alpha=0.3)
+    for j, t in enumerate(TARGETS):
+        (line,) = ax2.plot(x, 100 * res.probes.test_acc[:, j], "o-", label=t)
+        ax2.plot(x, 100 * res.control.test_acc[:, j], ":", color=line.get_color())
+        ax2.axhline(100 * res.probes.chance[j], color=line.get_color(), lw=0.8, ls="--")
+    ax2.axvline(res.probe_site, color="grey", lw=4, alpha=0.2)
+    ax2.set(title="probes (dotted: random init; dashed: chance)", ylim=(0, 101))
+    ax2.set(xlabel="site", ylabel="test accuracy (%)")
+    ax1.legend(fontsize=7)
+    ax2.legend(fontsize=7)
+    return fig
+
+
 def headline(d: dict[str, Any]) -> Headline:
     """Accuracy, RPI-SSDC at every site, and the probes at the probe site beside chance and the
     random-init control."""
@@ -180,3 +180,6 @@ def headline(d: dict[str, Any]) -> Headline:
     out |= probe_numbers("chance", d["probes"]["chance"])
     out |= probe_numbers("control_probe", d["probes_control_random_init"]["test_acc"][site])
     return out
+
+
+EXPERIMENT = Experiment("depth_profile", Config, run, applies, headline, plot)

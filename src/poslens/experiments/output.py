@@ -22,15 +22,14 @@ from poslens.metrics.probes import TARGETS, ProbeResult
 
 
 class Result(Protocol):
-    """What every experiment returns: JSON-ready dict, CSV tables and a figure."""
+    """What every experiment returns: data, as a JSON-ready dict and CSV tables (its figure is
+    drawn by the experiment module's `plot(result)`)."""
 
     name: ClassVar[str]
 
     def to_dict(self) -> dict[str, Any]: ...
 
     def tables(self) -> dict[str, list[dict[str, Any]]]: ...
-
-    def plot(self) -> Figure: ...
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,6 +61,21 @@ class Header:
 # resumed study needs no Result objects). Each experiment module defines `headline(doc)`.
 Headline = dict[str, float | None]
 HeadlineFn = Callable[[dict[str, Any]], Headline]
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """One experiment as the registry (experiments/registry.py) lists it: its config class, and
+    the module functions every experiment defines. `cost`: the relative cost of one evaluated
+    image (what the study's progress ETA weighs stages by)."""
+
+    name: str
+    Config: type[ExperimentConfig]
+    run: Callable[..., Any]  # (model, data, cfg=None, progress=False) -> Result
+    applies: Callable[[Any], str | None]  # model -> why it cannot run (None: it can)
+    headline: HeadlineFn
+    plot: Callable[[Any], Figure]  # Result -> Figure
+    cost: float = 4.0
 
 
 def probe_numbers(prefix: str, acc: Sequence[float] | None) -> Headline:
@@ -113,11 +127,12 @@ def _csv_text(rows: list[dict[str, Any]]) -> str:
 def save(
     result: Result,
     out: Path,
+    plot: Callable[[Any], Figure],
     formats: Iterable[str] = ("png",),
     config: ExperimentConfig | None = None,
 ) -> list[Path]:
-    """Write `<name>.json`, one `<name>_<table>.csv` per table and `<name>.<fmt>` figures, each
-    atomically. Returns the paths written.
+    """Write `<name>.json`, one `<name>_<table>.csv` per table and `<name>.<fmt>` figures drawn by
+    `plot(result)` (the experiment module's), each atomically. Returns the paths written.
 
     config: recorded in the JSON as "config" (sample sizes, seed, precision). Under torchrun only
     rank 0 writes (not collective: the others return the same paths at once, so a caller that
@@ -138,7 +153,7 @@ def save(
             text = _csv_text(rows)
             path = out / f"{result.name}_{table}.csv"
             atomic_write(path, lambda p, text=text: p.write_text(text))
-        fig = result.plot()
+        fig = plot(result)
         for fmt in formats:
             path = out / f"{result.name}.{fmt}"
             atomic_write(path, lambda p, fmt=fmt: fig.savefig(p, format=fmt, dpi=120))

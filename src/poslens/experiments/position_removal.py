@@ -21,7 +21,13 @@ from poslens.data import Task
 from poslens.errors import ConfigError
 from poslens.experiments.conditions import Condition, planes_off, random_mask
 from poslens.experiments.config import ExperimentConfig
-from poslens.experiments.output import Header, Headline, condition_numbers, probe_numbers
+from poslens.experiments.output import (
+    Experiment,
+    Header,
+    Headline,
+    condition_numbers,
+    probe_numbers,
+)
 from poslens.experiments.readout import (
     ConditionResult,
     eval_images,
@@ -120,40 +126,6 @@ class PositionRemoval(Header):
         rows = [c.row(self.sites, self.probe_site) for c in [self.floor, *self.conditions]]
         return {"conditions": rows}
 
-    def plot(self) -> Figure:
-        fig = Figure(figsize=(12, 3.8), layout="constrained")
-        ax1, ax2, ax3 = fig.subplots(1, 3)
-        shown = [self.floor, *(c for c in self.conditions if c.meta.get("kind") != "random")]
-        shown += [mean_condition(self.conditions, n) for n in random_ns(self.conditions)]
-        names = [c.name for c in shown]
-        y = np.arange(len(shown))
-        base_acc = 100 * self.baseline["accuracy"]
-        ax1.barh(y, [100 * c.accuracy for c in shown], color="tab:blue")
-        ax1.axvline(base_acc, color="black", lw=1, label="intact")
-        ax1.set_yticks(y, names, fontsize=8)
-        ax1.invert_yaxis()
-        ax1.set(xlabel="accuracy (%)", title=f"accuracy ({self.posenc})", xlim=(0, 100))
-        width = 0.27
-        for j, t in enumerate(TARGETS):
-            vals = [100 * c.probe[j] if c.probe is not None else np.nan for c in shown]
-            ax2.barh(y + (j - 1) * width, vals, height=width, label=t)
-        ax2.set_yticks(y, names, fontsize=8)
-        ax2.invert_yaxis()
-        ax2.set(xlabel="probe test accuracy (%)", xlim=(0, 100))
-        ax2.set_title(f"probes at site {self.sites[self.probe_site]}")
-        ax2.legend(fontsize=7)
-        x = np.arange(len(self.sites))
-        ax3.plot(x, self.baseline["ssdc_rpi"], "k-o", label="intact")
-        for c in shown:
-            ax3.plot(x, c.ssdc_rpi, "-", marker=".", label=c.name, alpha=0.8)
-        ax3.set_xticks(x, self.sites)
-        ax3.set(xlabel="site", title="RPI-SSDC", ylim=(-0.5, 1))
-        ax3.legend(fontsize=6, ncol=2)
-        for ax in (ax1, ax2, ax3):
-            ax.grid(alpha=0.3)
-        return fig
-
-
 def random_ns(conds: list[ConditionResult]) -> list[int]:
     return sorted({c.meta["n"] for c in conds if c.meta.get("kind") == "random"})
 
@@ -231,6 +203,40 @@ def run(
     )
 
 
+def plot(res: PositionRemoval) -> Figure:
+    fig = Figure(figsize=(12, 3.8), layout="constrained")
+    ax1, ax2, ax3 = fig.subplots(1, 3)
+    shown = [res.floor, *(c for c in res.conditions if c.meta.get("kind") != "random")]
+    shown += [mean_condition(res.conditions, n) for n in random_ns(res.conditions)]
+    names = [c.name for c in shown]
+    y = np.arange(len(shown))
+    base_acc = 100 * res.baseline["accuracy"]
+    ax1.barh(y, [100 * c.accuracy for c in shown], color="tab:blue")
+    ax1.axvline(base_acc, color="black", lw=1, label="intact")
+    ax1.set_yticks(y, names, fontsize=8)
+    ax1.invert_yaxis()
+    ax1.set(xlabel="accuracy (%)", title=f"accuracy ({res.posenc})", xlim=(0, 100))
+    width = 0.27
+    for j, t in enumerate(TARGETS):
+        vals = [100 * c.probe[j] if c.probe is not None else np.nan for c in shown]
+        ax2.barh(y + (j - 1) * width, vals, height=width, label=t)
+    ax2.set_yticks(y, names, fontsize=8)
+    ax2.invert_yaxis()
+    ax2.set(xlabel="probe test accuracy (%)", xlim=(0, 100))
+    ax2.set_title(f"probes at site {res.sites[res.probe_site]}")
+    ax2.legend(fontsize=7)
+    x = np.arange(len(res.sites))
+    ax3.plot(x, res.baseline["ssdc_rpi"], "k-o", label="intact")
+    for c in shown:
+        ax3.plot(x, c.ssdc_rpi, "-", marker=".", label=c.name, alpha=0.8)
+    ax3.set_xticks(x, res.sites)
+    ax3.set(xlabel="site", title="RPI-SSDC", ylim=(-0.5, 1))
+    ax3.legend(fontsize=6, ncol=2)
+    for ax in (ax1, ax2, ax3):
+        ax.grid(alpha=0.3)
+    return fig
+
+
 def headline(d: dict[str, Any]) -> Headline:
     """Intact and floor, every named condition, and the mean (SE over draws) of each random_n."""
     out: Headline = {"intact.accuracy": d["baseline"]["accuracy"]}
@@ -252,3 +258,6 @@ def headline(d: dict[str, Any]) -> Headline:
             if k.startswith("retention_") and not k.endswith("_se")
         }
     return out
+
+
+EXPERIMENT = Experiment("position_removal", Config, run, applies, headline, plot)

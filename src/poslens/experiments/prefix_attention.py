@@ -25,7 +25,7 @@ from poslens.distributed import shard
 from poslens.errors import UserError
 from poslens.experiments.conditions import Condition, combine, floor_condition
 from poslens.experiments.config import ExperimentConfig
-from poslens.experiments.output import Header, Headline, probe_rows, top_level_numbers
+from poslens.experiments.output import Experiment, Header, Headline, probe_rows, top_level_numbers
 from poslens.experiments.readout import (
     ConditionResult,
     Readout,
@@ -139,37 +139,6 @@ class PrefixAttention(Header):
         """Floor, blocked, floor + blocked (table order)."""
         return [self.floor, self.blocked, self.floor_blocked]
 
-    def plot(self) -> Figure:
-        fig = Figure(figsize=(16, 3.8), layout="constrained")
-        axes = fig.subplots(1, 4)
-        x = np.arange(len(self.sites))
-        acc = {"intact": self.baseline["accuracy"]} | {
-            c.name: c.accuracy for c in self.conditions()
-        }
-        styles = {"intact": "-o", "blocked": "--s", "floor_blocked": ":^"}
-        for j, (ax, t) in enumerate(zip(axes[:3], TARGETS, strict=True)):
-            for name, p in self.probes.items():
-                label = f"{name} (top-1 {100 * acc[name]:.1f}%)"
-                ax.plot(x, 100 * p.test_acc[:, j], styles.get(name, "-"), label=label)
-            if self.floor.probe is not None:
-                ax.plot([self.probe_site], [100 * self.floor.probe[j]], "kx", label="floor")
-            ax.axhline(100 * self.probes["intact"].chance[j], color="grey", ls="--", lw=0.8)
-            ax.set(title=f"{t} probe ({self.posenc})", xlabel="site", ylabel="test accuracy (%)")
-            ax.set(ylim=(0, 101))
-        axes[0].legend(fontsize=7)
-        ssdc = axes[3]
-        ssdc.plot(x, self.baseline["ssdc_rpi"], "k-o", label="intact")
-        for c in self.conditions():
-            ssdc.plot(x, c.ssdc_rpi, styles.get(c.name, "-.x"), label=c.name)
-        ssdc.axhline(0, color="black", lw=0.5)
-        ssdc.set(title="RPI-SSDC", xlabel="site", ylim=(-0.5, 1))
-        ssdc.legend(fontsize=7)
-        for ax in axes:
-            ax.set_xticks(x, self.sites)
-            ax.grid(alpha=0.3)
-        return fig
-
-
 def run(
     model: ViT, data: Task, cfg: ExperimentConfig | None = None, progress: bool = False
 ) -> PrefixAttention:
@@ -228,6 +197,40 @@ def run(
     )
 
 
+def plot(res: PrefixAttention) -> Figure:
+    fig = Figure(figsize=(16, 3.8), layout="constrained")
+    axes = fig.subplots(1, 4)
+    x = np.arange(len(res.sites))
+    acc = {"intact": res.baseline["accuracy"]} | {
+        c.name: c.accuracy for c in res.conditions()
+    }
+    styles = {"intact": "-o", "blocked": "--s", "floor_blocked": ":^"}
+    for j, (ax, t) in enumerate(zip(axes[:3], TARGETS, strict=True)):
+        for name, p in res.probes.items():
+            label = f"{name} (top-1 {100 * acc[name]:.1f}%)"
+            ax.plot(x, 100 * p.test_acc[:, j], styles.get(name, "-"), label=label)
+        if res.floor.probe is not None:
+            ax.plot([res.probe_site], [100 * res.floor.probe[j]], "kx", label="floor")
+        ax.axhline(100 * res.probes["intact"].chance[j], color="grey", ls="--", lw=0.8)
+        ax.set(title=f"{t} probe ({res.posenc})", xlabel="site", ylabel="test accuracy (%)")
+        ax.set(ylim=(0, 101))
+    axes[0].legend(fontsize=7)
+    ssdc = axes[3]
+    ssdc.plot(x, res.baseline["ssdc_rpi"], "k-o", label="intact")
+    for c in res.conditions():
+        ssdc.plot(x, c.ssdc_rpi, styles.get(c.name, "-.x"), label=c.name)
+    ssdc.axhline(0, color="black", lw=0.5)
+    ssdc.set(title="RPI-SSDC", xlabel="site", ylim=(-0.5, 1))
+    ssdc.legend(fontsize=7)
+    for ax in axes:
+        ax.set_xticks(x, res.sites)
+        ax.grid(alpha=0.3)
+    return fig
+
+
 def headline(d: dict[str, Any]) -> Headline:
     """The top-level numbers (no claim reads this experiment)."""
     return top_level_numbers(d)
+
+
+EXPERIMENT = Experiment("prefix_attention", Config, run, applies, headline, plot)

@@ -25,7 +25,7 @@ from matplotlib.figure import Figure
 from poslens.data import Task, build_task
 from poslens.errors import ConfigError, UserError
 from poslens.experiments import position_removal
-from poslens.experiments.output import Headline, top_level_numbers
+from poslens.experiments.output import Experiment, Headline, top_level_numbers
 from poslens.experiments.position_removal import mean_condition, random_ns, random_summary
 from poslens.experiments.readout import (
     ConditionResult,
@@ -157,38 +157,6 @@ class Resolution:
         change = [{"condition": k, **v} for k, v in self.size_change.items()]
         return {"conditions": rows, "size_change": change}
 
-    def plot(self) -> Figure:
-        fig = Figure(figsize=(16, 4.2), layout="constrained")
-        ax_acc, ax_p0, ax_p1, ax_ssdc = fig.subplots(1, 4)
-        names = [c.name for c in self.trained.shown()]
-        y = np.arange(len(names))
-        h = 0.4
-        for k, s in enumerate((self.trained, self.larger)):
-            by_name = {c.name: c for c in s.shown()}
-            acc = [100 * by_name[n].accuracy if n in by_name else np.nan for n in names]
-            ax_acc.barh(y + (k - 0.5) * h, acc, height=h, label=f"{s.label} {_grid(s)}")
-        ax_acc.set_yticks(y, names, fontsize=8)
-        ax_acc.invert_yaxis()
-        ax_acc.set(xlabel="accuracy (%)", title=f"accuracy ({self.posenc})", xlim=(0, 100))
-        ax_acc.legend(fontsize=7, loc="lower right")
-        site = self.sites[self.probe_site]
-        for ax, s in ((ax_p0, self.trained), (ax_p1, self.larger)):
-            by_name = {c.name: c for c in s.shown()}
-            _probe_bars(ax, [by_name.get(n) for n in names], names, s.grid)
-            ax.set_title(f"probes at site {site}, {s.label} {_grid(s)}")
-        x = np.arange(len(self.sites))
-        for s, color in ((self.trained, "tab:blue"), (self.larger, "tab:orange")):
-            ax_ssdc.plot(x, s.intact.ssdc_rpi, "-o", color=color, label=f"intact {_grid(s)}")
-            ax_ssdc.plot(x, s.floor.ssdc_rpi, ":", color=color, label=f"floor {_grid(s)}")
-        ax_ssdc.axhline(0, color="black", lw=0.5)
-        ax_ssdc.set_xticks(x, self.sites)
-        ax_ssdc.set(xlabel="site", title="RPI-SSDC, trained vs larger grid", ylim=(-0.5, 1))
-        ax_ssdc.legend(fontsize=7)
-        for ax in (ax_acc, ax_p0, ax_p1, ax_ssdc):
-            ax.grid(alpha=0.3)
-        return fig
-
-
 def _grid(s: SizeResult) -> str:
     """ "12x12": the grid as a label."""
     return f"{s.grid[0]}x{s.grid[1]}"
@@ -306,6 +274,41 @@ def _readout(ref: Reference, readouts: dict[str, Readout], name: str) -> Readout
     return ref.floor if name == "floor" else readouts[name]
 
 
+def plot(res: Resolution) -> Figure:
+    fig = Figure(figsize=(16, 4.2), layout="constrained")
+    ax_acc, ax_p0, ax_p1, ax_ssdc = fig.subplots(1, 4)
+    names = [c.name for c in res.trained.shown()]
+    y = np.arange(len(names))
+    h = 0.4
+    for k, s in enumerate((res.trained, res.larger)):
+        by_name = {c.name: c for c in s.shown()}
+        acc = [100 * by_name[n].accuracy if n in by_name else np.nan for n in names]
+        ax_acc.barh(y + (k - 0.5) * h, acc, height=h, label=f"{s.label} {_grid(s)}")
+    ax_acc.set_yticks(y, names, fontsize=8)
+    ax_acc.invert_yaxis()
+    ax_acc.set(xlabel="accuracy (%)", title=f"accuracy ({res.posenc})", xlim=(0, 100))
+    ax_acc.legend(fontsize=7, loc="lower right")
+    site = res.sites[res.probe_site]
+    for ax, s in ((ax_p0, res.trained), (ax_p1, res.larger)):
+        by_name = {c.name: c for c in s.shown()}
+        _probe_bars(ax, [by_name.get(n) for n in names], names, s.grid)
+        ax.set_title(f"probes at site {site}, {s.label} {_grid(s)}")
+    x = np.arange(len(res.sites))
+    for s, color in ((res.trained, "tab:blue"), (res.larger, "tab:orange")):
+        ax_ssdc.plot(x, s.intact.ssdc_rpi, "-o", color=color, label=f"intact {_grid(s)}")
+        ax_ssdc.plot(x, s.floor.ssdc_rpi, ":", color=color, label=f"floor {_grid(s)}")
+    ax_ssdc.axhline(0, color="black", lw=0.5)
+    ax_ssdc.set_xticks(x, res.sites)
+    ax_ssdc.set(xlabel="site", title="RPI-SSDC, trained vs larger grid", ylim=(-0.5, 1))
+    ax_ssdc.legend(fontsize=7)
+    for ax in (ax_acc, ax_p0, ax_p1, ax_ssdc):
+        ax.grid(alpha=0.3)
+    return fig
+
+
 def headline(d: dict[str, Any]) -> Headline:
     """The top-level numbers (no claim reads this experiment)."""
     return top_level_numbers(d)
+
+
+EXPERIMENT = Experiment("resolution", Config, run, applies, headline, plot)

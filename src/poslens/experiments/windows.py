@@ -20,7 +20,7 @@ from poslens.data import Task
 from poslens.errors import ConfigError
 from poslens.experiments.conditions import Condition, planes_off, random_mask
 from poslens.experiments.config import ExperimentConfig
-from poslens.experiments.output import Header, Headline, condition_numbers
+from poslens.experiments.output import Experiment, Header, Headline, condition_numbers
 from poslens.experiments.readout import (
     ConditionResult,
     Readout,
@@ -201,57 +201,6 @@ class Windows(Header):
     def by_kind(self, kind: str) -> list[Window]:
         return [w for w in self.windows if w.kind == kind]
 
-    def plot(self) -> Figure:
-        fig = Figure(figsize=(13, 3.8), layout="constrained")
-        ax1, ax2, ax3 = fig.subplots(1, 3)
-        x = np.arange(len(self.sites))
-        prefix = self.by_kind("prefix")
-        colours = [(0.1 + 0.8 * i / max(len(prefix) - 1, 1), 0.3, 0.8) for i in range(len(prefix))]
-        for ax, key in ((ax1, "ssdc"), (ax2, "probe")):
-            probes = self.baseline.get("probes")
-            if key == "ssdc":
-                ax.plot(x, self.baseline["ssdc_rpi"], "k-o", label="intact")
-            elif probes is not None and len(probes) == len(x):
-                ax.plot(x, 100 * probes[:, 1:].mean(1), "k-o", label="intact")
-            floor = self.floor["ssdc_rpi"] if key == "ssdc" else None
-            if floor is not None:
-                ax.plot(x, floor, "k:", label="floor")
-            for w, c in zip(prefix, colours, strict=True):
-                y = (
-                    w.result.ssdc_rpi
-                    if key == "ssdc"
-                    else (None if w.probes is None else 100 * w.probes[:, 1:].mean(1))
-                )
-                if y is not None:
-                    ax.plot(x, y, "-", marker=".", color=c, label=f"blocks 0-{w.blocks[-1]} off")
-            ax.set_xticks(x, self.sites)
-            ax.grid(alpha=0.3)
-        ax1.set(title="RPI-SSDC after prefix windows", xlabel="site", ylim=(-0.3, 1))
-        ax2.set(title="row/col probe mean (%)", xlabel="site", ylim=(0, 100))
-        ax1.legend(fontsize=6)
-        for kind, style in (
-            ("prefix", "o-"),
-            ("row_prefix", "s-"),
-            ("col_prefix", "^-"),
-            ("random_prefix", "x--"),
-        ):
-            ws = self.by_kind(kind)
-            if not ws:
-                continue
-            ks = sorted({w.blocks[-1] for w in ws})
-            acc = [100 * np.mean([w.result.accuracy for w in ws if w.blocks[-1] == k]) for k in ks]
-            ax3.plot(
-                ks, acc, style, label=kind + (" (mean of draws)" if kind == "random_prefix" else "")
-            )
-        ax3.axhline(100 * self.baseline["accuracy"], color="black", lw=1, label="intact")
-        ax3.axhline(100 * self.floor["accuracy"], color="black", ls=":", lw=1, label="floor")
-        ax3.set(title="accuracy after withholding blocks 0..k", xlabel="k (last withheld block)")
-        ax3.set(ylabel="accuracy (%)", ylim=(0, 101))
-        ax3.grid(alpha=0.3)
-        ax3.legend(fontsize=6)
-        return fig
-
-
 def _curves(r: Readout) -> dict[str, Any]:
     out: dict[str, Any] = {
         "accuracy": r.accuracy,
@@ -315,6 +264,57 @@ def run(model: ViT, data: Task, cfg: Config | None = None, progress: bool = Fals
     )
 
 
+def plot(res: Windows) -> Figure:
+    fig = Figure(figsize=(13, 3.8), layout="constrained")
+    ax1, ax2, ax3 = fig.subplots(1, 3)
+    x = np.arange(len(res.sites))
+    prefix = res.by_kind("prefix")
+    colours = [(0.1 + 0.8 * i / max(len(prefix) - 1, 1), 0.3, 0.8) for i in range(len(prefix))]
+    for ax, key in ((ax1, "ssdc"), (ax2, "probe")):
+        probes = res.baseline.get("probes")
+        if key == "ssdc":
+            ax.plot(x, res.baseline["ssdc_rpi"], "k-o", label="intact")
+        elif probes is not None and len(probes) == len(x):
+            ax.plot(x, 100 * probes[:, 1:].mean(1), "k-o", label="intact")
+        floor = res.floor["ssdc_rpi"] if key == "ssdc" else None
+        if floor is not None:
+            ax.plot(x, floor, "k:", label="floor")
+        for w, c in zip(prefix, colours, strict=True):
+            y = (
+                w.result.ssdc_rpi
+                if key == "ssdc"
+                else (None if w.probes is None else 100 * w.probes[:, 1:].mean(1))
+            )
+            if y is not None:
+                ax.plot(x, y, "-", marker=".", color=c, label=f"blocks 0-{w.blocks[-1]} off")
+        ax.set_xticks(x, res.sites)
+        ax.grid(alpha=0.3)
+    ax1.set(title="RPI-SSDC after prefix windows", xlabel="site", ylim=(-0.3, 1))
+    ax2.set(title="row/col probe mean (%)", xlabel="site", ylim=(0, 100))
+    ax1.legend(fontsize=6)
+    for kind, style in (
+        ("prefix", "o-"),
+        ("row_prefix", "s-"),
+        ("col_prefix", "^-"),
+        ("random_prefix", "x--"),
+    ):
+        ws = res.by_kind(kind)
+        if not ws:
+            continue
+        ks = sorted({w.blocks[-1] for w in ws})
+        acc = [100 * np.mean([w.result.accuracy for w in ws if w.blocks[-1] == k]) for k in ks]
+        ax3.plot(
+            ks, acc, style, label=kind + (" (mean of draws)" if kind == "random_prefix" else "")
+        )
+    ax3.axhline(100 * res.baseline["accuracy"], color="black", lw=1, label="intact")
+    ax3.axhline(100 * res.floor["accuracy"], color="black", ls=":", lw=1, label="floor")
+    ax3.set(title="accuracy after withholding blocks 0..k", xlabel="k (last withheld block)")
+    ax3.set(ylabel="accuracy (%)", ylim=(0, 101))
+    ax3.grid(alpha=0.3)
+    ax3.legend(fontsize=6)
+    return fig
+
+
 def headline(d: dict[str, Any]) -> Headline:
     """Intact and floor; per named window its condition numbers, the retention of RPI-SSDC right
     after a prefix window and the onset of recovery; the mean accuracy of each random window."""
@@ -354,3 +354,6 @@ def headline(d: dict[str, Any]) -> Headline:
         out[f"{key}.added_after_window"] = c["added_after_window"]
         out[f"{key}.added_anyway"] = c["added_anyway"]
     return out
+
+
+EXPERIMENT = Experiment("windows", Config, run, applies, headline, plot, cost=12)

@@ -7,7 +7,7 @@ import json
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from poslens._config import ANALYSIS_PRECISIONS, one_of, positive_int
+from poslens._config import ANALYSIS_PRECISIONS, experiment_sets, one_of, positive_int
 from poslens.errors import ConfigError
 from poslens.experiments import EXPERIMENTS
 from poslens.training.config import PRESETS as MODEL_PRESETS
@@ -19,12 +19,25 @@ CORE = ("depth_profile", "position_removal", "axis_map", "windows", "heads", "sa
 
 
 @dataclass(frozen=True)
+class Pretrained:
+    """A pretrained model of the study: its key in results.json, timm spec and weights."""
+
+    key: str  # NAME
+    spec: str  # timm:NAME
+    weights: str  # a .safetensors file, or "hub"
+
+
+@dataclass(frozen=True)
 class StudyConfig:
     """Everything that decides a study's results (the output folder and progress do not).
 
     train_set / analysis_set are `section.field=value` / `experiment.field=value` overrides, the
     same syntax as `poslens train --set` and `poslens analyze --set`, applied to every model;
     a train_set item prefixed with an encoding (`ape:train.steps=2000`) applies to that one only.
+
+    The string fields are what results.json records and hashes; `__post_init__` parses them once
+    into the typed values the plan reads (`pretrained_models`, `only_models`,
+    `analysis_overrides`).
     """
 
     preset: str = "default"
@@ -50,8 +63,9 @@ class StudyConfig:
 
     def __post_init__(self) -> None:
         one_of("study.preset", self.preset, PRESETS)
+        pretrained = tuple(Pretrained(*parse_pretrained(item)) for item in self.pretrained)
         if self.pretrained:
-            keys = [parse_pretrained(item)[0] for item in self.pretrained]
+            keys = [p.key for p in pretrained]
             if len(set(keys)) != len(keys):
                 raise ConfigError(f"study.pretrained lists a model twice: {', '.join(keys)}")
             if not self.images:
@@ -72,6 +86,7 @@ class StudyConfig:
             one_of("study.experiments", e, EXPERIMENTS)
         for name in ("n_images", "probe_images", "batch_size"):
             positive_int(f"study.{name}", getattr(self, name))
+        only: dict[str, frozenset[str]] = {}
         for item in self.only:
             exp, eq, models = item.partition("=")
             if not eq or exp not in self.experiments or not models:
@@ -79,6 +94,7 @@ class StudyConfig:
                     f"study.only entries look like EXPERIMENT=MODEL,MODEL with a study "
                     f"experiment; got {item!r}"
                 )
+            only[exp] = frozenset(m.strip() for m in models.split(","))
         if self.probe_images > self.n_images:
             raise ConfigError(
                 f"study.probe_images ({self.probe_images}) exceeds study.n_images ({self.n_images})"
@@ -89,6 +105,20 @@ class StudyConfig:
                 f"study.ssdc_images ({self.ssdc_images}) exceeds study.n_images ({self.n_images})"
             )
         one_of("study.precision", self.precision, ANALYSIS_PRECISIONS)
+        # parsed once (not fields: results.json records the strings above)
+        object.__setattr__(self, "_pretrained", pretrained)
+        object.__setattr__(self, "_only", only)
+        object.__setattr__(self, "_sets", experiment_sets(self.analysis_set, "study.analysis_set"))
+
+    @property
+    def pretrained_models(self) -> tuple[Pretrained, ...]:
+        """study.pretrained parsed: the pretrained models, in order."""
+        return self._pretrained  # type: ignore[attr-defined, no-any-return]
+
+    @property
+    def only_models(self) -> dict[str, frozenset[str]]:
+        """study.only parsed: experiment -> the models (study names or encodings) it runs on."""
+        return self._only  # type: ignore[attr-defined, no-any-return]
 
     def to_dict(self) -> dict[str, Any]:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
@@ -97,7 +127,7 @@ class StudyConfig:
     def model_keys(self) -> tuple[str, ...]:
         """The study's models: encodings to train, or the names of the pretrained models."""
         if self.pretrained:
-            return tuple(parse_pretrained(item)[0] for item in self.pretrained)
+            return tuple(p.key for p in self.pretrained_models)
         return self.models
 
     def train_changes(self, model: str) -> list[str]:
@@ -106,15 +136,11 @@ class StudyConfig:
         own = [t.split(":", 1)[1] for t in self.train_set if _model_prefix(t) == model]
         return common + own
 
-    def analysis_overrides(self, experiment: str) -> dict[str, str]:
-        """`field -> text` overrides for one experiment, from analysis_set."""
-        out: dict[str, str] = {}
-        for item in self.analysis_set:
-            key, _, value = item.partition("=")
-            exp, _, fld = key.partition(".")
-            if exp == experiment:
-                out[fld] = value
-        return out
+    @property
+    def analysis_sets(self) -> dict[str, dict[str, str]]:
+        """analysis_set parsed: experiment -> {field: text} (experiments the study does not run
+        are ignored, so a preset's settings survive a narrower study.experiments)."""
+        return self._sets  # type: ignore[attr-defined, no-any-return]
 
 
 def _model_prefix(item: str) -> str | None:
@@ -255,6 +281,7 @@ __all__ = [
     "CORE",
     "PRESETS",
     "STUDY_MODELS",
+    "Pretrained",
     "StudyConfig",
     "config_hash",
     "parse_pretrained",

@@ -1,32 +1,22 @@
 """The study resolved once into a typed plan: every run (model x seed) with its source and stages.
 
 `StudyConfig` keeps its small string languages ("timm:NAME=WEIGHTS", "experiment=model,model",
-`section.field=value` overrides) because they are what results.json records and hashes; they are
-parsed here, once, into values the stages use. Everything that can be wrong in a config is found
-here, before any work.
+`section.field=value` overrides) because they are what results.json records and hashes; it parses
+them once, on construction, into the typed values read here. Everything that can be wrong in a
+config is found before any work.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from poslens._config import override
 from poslens.errors import CheckpointError, ConfigError, DataError
-from poslens.experiments import get
 from poslens.experiments.config import ExperimentConfig
-from poslens.study.config import StudyConfig, config_hash, parse_pretrained
+from poslens.experiments.registry import configs, get
+from poslens.study.config import Pretrained, StudyConfig, config_hash
 from poslens.training.config import RunConfig, apply_overrides, preset
-
-
-@dataclass(frozen=True)
-class Pretrained:
-    """A pretrained model of the study: its key in results.json, timm spec and weights."""
-
-    key: str  # NAME
-    spec: str  # timm:NAME
-    weights: str  # a .safetensors file, or "hub"
 
 
 @dataclass(frozen=True)
@@ -85,10 +75,9 @@ class Plan:
 
 def run_config(cfg: StudyConfig, model: str, seed: int, threads: int = 0) -> RunConfig:
     """The training config of one model and seed: the encoding's preset plus the study's changes."""
-    sets = [*cfg.train_changes(model), f"train.seed={seed}", f'data.task="{cfg.task}"']
-    if threads:
-        sets.append(f"train.threads={threads}")
-    return apply_overrides(preset(model), sets)
+    rc = apply_overrides(preset(model), cfg.train_changes(model))
+    train = replace(rc.train, seed=seed, threads=threads or rc.train.threads)
+    return replace(rc, train=train, data=replace(rc.data, task=cfg.task))
 
 
 def experiment_configs(cfg: StudyConfig, seed: int = 0) -> dict[str, ExperimentConfig]:
@@ -105,32 +94,13 @@ def experiment_configs(cfg: StudyConfig, seed: int = 0) -> dict[str, ExperimentC
         "ssdc_images": cfg.ssdc_images,
         "precision": cfg.precision,
     }
-    out = {}
-    for name in cfg.experiments:
-        module = get(name)
-        out[name] = module.Config(
-            **common, **override(module.Config, name, cfg.analysis_overrides(name))
-        )
-    return out
+    return configs(cfg.experiments, common, cfg.analysis_sets)
 
 
 def checkpoint_dir(out: Path, model: str, seed: int, rc: RunConfig) -> Path:
     d = rc.to_dict()
     d["train"] = {k: v for k, v in d["train"].items() if k != "threads"}  # threads change no weight
     return out / "checkpoints" / f"{model}_s{seed}_{config_hash(d)}"
-
-
-def only_models(cfg: StudyConfig) -> dict[str, frozenset[str]]:
-    """study.only parsed: experiment -> the models (study names or encodings) it runs on."""
-    out = {}
-    for item in cfg.only:
-        exp, _, models = item.partition("=")
-        out[exp] = frozenset(m.strip() for m in models.split(","))
-    return out
-
-
-def pretrained_models(cfg: StudyConfig) -> tuple[Pretrained, ...]:
-    return tuple(Pretrained(*parse_pretrained(item)) for item in cfg.pretrained)
 
 
 def stage_weight(kind: str, cfg: StudyConfig, rc: RunConfig | None) -> float:
@@ -140,8 +110,7 @@ def stage_weight(kind: str, cfg: StudyConfig, rc: RunConfig | None) -> float:
         return rc.train.steps * rc.train.batch_size / 100
     if kind == "load":
         return cfg.n_images / 100
-    per_image = {"windows": 12, "heads": 20, "sae_causal": 30, "components": 40}.get(kind, 4)
-    return per_image * cfg.n_images / 100
+    return get(kind).cost * cfg.n_images / 100
 
 
 def jobs_for(jobs: int, device: str, n_runs: int) -> int:
@@ -172,9 +141,9 @@ def make_plan(
         raise ConfigError(f"jobs must be 0 (one per core) or a positive count, got {jobs!r}")
     if not isinstance(threads, int) or threads < 0:
         raise ConfigError(f"threads must be 0 (automatic) or a positive count, got {threads!r}")
-    pretrained = pretrained_models(cfg)
+    pretrained = cfg.pretrained_models
     check_sources(pretrained, cfg.images)
-    only = only_models(cfg)
+    only = cfg.only_models
     keys = cfg.model_keys
     n_jobs = jobs_for(jobs, device, len(keys) * cfg.seeds)
     if not threads and n_jobs > 1:

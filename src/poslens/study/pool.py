@@ -25,8 +25,7 @@ RunResult = tuple[dict[str, Any], list[dict[str, Any]]]  # results.json entry, s
 def run_task(run: RunPlan, out: Path, device: str, threads: int, events: Events) -> RunResult:
     """One model/seed run as an executor task. The device is checked where the task runs: a
     cluster node may have the GPU that the submitting machine lacks."""
-    from poslens.cli import resolve_device
-    from poslens.limits import check_device
+    from poslens.limits import check_device, resolve_device
 
     device = resolve_device(device)
     check_device(device)
@@ -41,8 +40,7 @@ def model_task(
     model, so the experiments start as soon as their model is trained."""
     import torch
 
-    from poslens.cli import resolve_device
-    from poslens.limits import check_device
+    from poslens.limits import check_device, resolve_device
 
     device = resolve_device(device)
     check_device(device)

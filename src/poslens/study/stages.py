@@ -107,12 +107,13 @@ def finished(path: Path, key: str) -> dict[str, Any] | None:
 
 def train_stage(run: RunPlan, device: str) -> tuple[dict[str, Any], bool]:
     """Train into the run's checkpoint folder, resuming a partial run; (metrics, reused)."""
-    from poslens.training.train import METRICS, STATE, train
+    from poslens.checkpoint import STATE, is_finished, read_metrics
+    from poslens.training.train import train
 
     ckpt, rc = run.checkpoint, run.run_config
     assert ckpt is not None and rc is not None
-    if (ckpt / METRICS).is_file():
-        return read_json(ckpt / METRICS, "training metrics"), True
+    if is_finished(ckpt):
+        return read_metrics(ckpt), True
     resume = (ckpt / STATE).is_file()
     return train(rc, ckpt, resume=resume, progress=False, device=device), False
 
@@ -123,10 +124,10 @@ def train_group(
     """Train every seed of one model configuration as one ensemble (the seeds whose checkpoint is
     not finished; a partial one resumes), before their analysis. Returns per seed (seconds of
     training attributed to it, reused)."""
+    from poslens.checkpoint import is_finished
     from poslens.training.ensemble import train_ensemble
-    from poslens.training.train import FINISHED
 
-    todo = [r for r in runs if r.checkpoint is not None and not (r.checkpoint / FINISHED).is_file()]
+    todo = [r for r in runs if r.checkpoint is not None and not is_finished(r.checkpoint)]
     first = {r.seed: r.stages[0] for r in runs}
     for r in todo:
         if events is not None:

@@ -23,31 +23,31 @@ import torch
 import torch.nn.functional as F
 
 from poslens import distributed
+from poslens.checkpoint import (
+    has_resume_state,
+    is_finished,
+    read_metrics,
+    read_resume_state,
+    write_checkpoint,
+)
 from poslens.data import Task, build_task
 from poslens.errors import CheckpointError, ConfigError
-from poslens.io import read_json, write_json
 from poslens.models.ensemble import StackedViT
 from poslens.models.vit import build_model
+from poslens.precision import autocast, resolve_precision
 from poslens.training.config import RunConfig
 from poslens.training.progress import TrainProgress
 from poslens.training.train import (
-    METRICS,
-    TrainingDiverged,
-    autocast,
     check_finite,
-    has_resume_state,
+    final_scores,
+    finish_run,
     history_entry,
-    last_train_batches,
     lr_at,
     make_optimizer,
     model_config_for,
-    read_resume_state,
-    resolve_precision,
-    run_metrics,
     score,
     stop_step,
     withheld_blocks,
-    write_checkpoint,
 )
 
 
@@ -104,8 +104,8 @@ def train_ensemble(
 
     # a member that already finished (it stopped early, before a kill) keeps its files
     def finished() -> dict[int, dict[str, Any]]:
-        return {i: read_json(m.out / METRICS, "training metrics") for i, m in enumerate(everyone)
-                if resume and (m.out / METRICS).is_file()}  # fmt: skip
+        return {i: read_metrics(m.out) for i, m in enumerate(everyone)
+                if resume and is_finished(m.out)}  # fmt: skip
 
     done = finished()
     members = [m for i, m in enumerate(everyone) if i not in done]
@@ -196,8 +196,9 @@ def _run(
                 ]  # fmt: skip
                 if stopping:  # early stopping: these members are done, as train() would be
                     elapsed = time.perf_counter() - t0
+                    stopped = {"ensemble": len(members), "stopped_at": done}
                     for s, metrics in _finish(members, stopping, model, opt, task, histories,
-                                              done, precision, elapsed).items():  # fmt: skip
+                                              done, precision, elapsed, stopped).items():  # fmt: skip
                         finished[id(members[s])] = metrics
                     keep = [s for s in range(len(members)) if s not in stopping]
                     if not keep:
@@ -214,24 +215,10 @@ def _run(
     if stop != total:
         return []
 
-    test_x, test_y = task.split("test")
-    train_x, train_y = last_train_batches(task, cfg, len(test_y))
-    sets = {"train": (train_x, train_y), "val": task.split("val"), "test": (test_x, test_y)}
-    scores = {name: _score(model, *xy, precision) for name, xy in sets.items()}
-    for s, (m, history) in enumerate(zip(members, histories, strict=True)):
-        metrics = run_metrics(
-            m.cfg, task, {name: scores[name][s] for name in sets}, history, precision,
-            model.num_params(), m.trained_images, m.seconds, m.resumed_from,
-        )  # fmt: skip
-        metrics["ensemble"] = len(everyone)
-        if cfg.train.stop_acc:
-            metrics["stopped_at"] = None  # the target was not reached: all steps ran
-        finished[id(m)] = metrics
-    _save(members, model, opt, total, histories)
-    for s, m in enumerate(members):
-        _check_weights(model, s, m)
-    for m in members:
-        write_json(m.out / METRICS, finished[id(m)])  # last: the run is finished
+    extra = {"ensemble": len(everyone)} | ({"stopped_at": None} if cfg.train.stop_acc else {})
+    for s, metrics in _finish(members, list(range(len(members))), model, opt, task, histories,
+                              total, precision, 0.0, extra).items():  # fmt: skip
+        finished[id(members[s])] = metrics
     return [finished[id(m)] for m in everyone]
 
 
@@ -260,18 +247,9 @@ def _restack(
     return new, new_opt
 
 
-def _check_weights(model: StackedViT, s: int, m: _Member) -> None:
-    """A member whose weights are no longer finite is never marked finished."""
-    if not all(bool(torch.isfinite(p[s]).all()) for _, p in model.named_stacked()):
-        raise TrainingDiverged(
-            f"training ended with non-finite weights in seed {m.cfg.train.seed} "
-            f"(train.lr={m.cfg.train.lr:g}); nothing in {m.out} was marked finished"
-        )
-
-
 def _finish(
     members: list[_Member],
-    stopping: list[int],
+    slots: list[int],
     model: StackedViT,
     opt: torch.optim.Optimizer,
     task: Task,
@@ -279,29 +257,25 @@ def _finish(
     step: int,
     precision: str,
     elapsed: float,
+    extra: dict[str, Any],
 ) -> dict[int, dict[str, Any]]:
-    """Members that reached train.stop_acc at `step`: evaluated, checkpointed at that step and
-    marked finished now, exactly as train() ends a stopped run; the others train on."""
-    cfg = members[0].cfg
-    test_x, test_y = task.split("test")
-    train_x, train_y = last_train_batches(task, cfg, len(test_y), step)
-    sets = {"train": (train_x, train_y), "val": task.split("val"), "test": (test_x, test_y)}
-    was_training = model.training
-    scores = {name: _score(model, *xy, precision) for name, xy in sets.items()}
-    model.train(was_training)
+    """End the members in `slots` at `step` exactly as train() ends a run (finish_run): evaluated,
+    checkpointed at that step and marked finished; the others train on. Returns their metrics
+    by slot."""
+    dev = next(model.parameters()).device
+    scores = final_scores(model.forward, model.size, dev, task, members[0].cfg, step, precision)
     out = {}
-    for s in stopping:
+    for s in slots:
         m = members[s]
         m.seconds += elapsed
-        metrics = run_metrics(
-            m.cfg, task, {name: scores[name][s] for name in sets}, histories[s], precision,
-            model.num_params(), m.trained_images, m.seconds, m.resumed_from,
+        out[s] = finish_run(
+            m.out, m.cfg, task, scores[s], histories[s], precision=precision,
+            num_params=model.num_params(), trained_images=m.trained_images, seconds=m.seconds,
+            resumed_from=m.resumed_from, extra=extra,
+            finite=all(bool(torch.isfinite(p[s]).all()) for _, p in model.named_stacked()),
+            save=lambda s=s, m=m: _save([m], model, opt, step, [histories[s]], index=[s]),
+            who=f" in seed {m.cfg.train.seed}",
         )  # fmt: skip
-        metrics |= {"ensemble": len(members), "stopped_at": step}
-        _check_weights(model, s, m)
-        _save([m], model, opt, step, [histories[s]], index=[s])
-        write_json(m.out / METRICS, metrics)  # last: the run is finished
-        out[s] = metrics
     return out
 
 
@@ -379,14 +353,12 @@ def _load(
 
 def _save(
     members: list[_Member], model: StackedViT, opt: torch.optim.Optimizer, step: int,
-    histories: list[list], skip: set[int] | None = None, index: list[int] | None = None,
+    histories: list[list], index: list[int] | None = None,
 ) -> None:  # fmt: skip
     """Each member's checkpoint, exactly as `train()` writes it (`index`: the members' slots in
-    the stacked model, default their order; `skip`: slots not written)."""
+    the stacked model, default their order)."""
     slots = index if index is not None else list(range(len(members)))
     for s, m, history in zip(slots, members, histories, strict=True):
-        if skip and s in skip:
-            continue
         moments = {
             name: {k: v if v.ndim == 0 else v[s] for k, v in opt.state[p].items()}
             for name, p in model.named_stacked()

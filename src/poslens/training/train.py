@@ -1,18 +1,15 @@
 """The training loop: AdamW, warmup + cosine, bf16 autocast, atomic safetensors checkpoints, resume.
 
 Each batch is a pure function of (data seed, step), and the optimiser state is checkpointed, so a
-run resumed from step s continues exactly as the uninterrupted run would have.
-
-A training folder is finished when, and only when, its metrics.json (FINISHED) exists: it is
-written last, after the final config, weights and resume state, and never after a failed write
-or a loss that stopped being finite. Readers (poslens.load, the study) rely on this rule.
+run resumed from step s continues exactly as the uninterrupted run would have. The checkpoint
+folder (its files, and the rule that metrics.json is written last) is poslens.checkpoint's; every
+run, single or ensembled, ends through `finish_run`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import math
 import platform
 import time
@@ -24,32 +21,13 @@ import torch
 import torch.nn.functional as F
 
 from poslens import distributed
-from poslens._version import __version__
-from poslens.api import data_metadata
+from poslens.checkpoint import has_resume_state, mark_finished, read_resume_state, write_checkpoint
 from poslens.data import Task, build_task
 from poslens.errors import CheckpointError, ConfigError, UserError
-from poslens.io import (
-    MAX_CONFIG_BYTES,
-    load_tensors,
-    parse_json,
-    read_json,
-    read_metadata,
-    save_tensors,
-    write_json,
-)
-from poslens.models.config import ModelConfig, config_mismatch
 from poslens.models.vit import ViT, build_model
 from poslens.precision import autocast, resolve_precision
 from poslens.training.config import STOP_EVALS, RunConfig
 from poslens.training.progress import TrainProgress
-
-CONFIG, WEIGHTS, STATE, METRICS = (
-    "config.json",
-    "model.safetensors",
-    "train_state.safetensors",
-    "metrics.json",
-)
-FINISHED = METRICS  # the marker of a finished run: written last (see the module docstring)
 
 
 class TrainingDiverged(UserError):
@@ -173,62 +151,6 @@ def save_checkpoint(
     write_checkpoint(out, cfg, step, history, model.state_dict(), moments)
 
 
-def write_checkpoint(
-    out: Path,
-    cfg: RunConfig,
-    step: int,
-    history: list,
-    weights: dict[str, torch.Tensor],
-    moments: dict[str, dict[str, Any]],
-) -> None:
-    """Config, weights (for loading) and the resume state, each file written atomically.
-
-    `moments` maps a parameter name to its AdamW state. The resume state holds weights and
-    optimiser moments in one file, so a kill between two writes can never pair weights of one
-    step with moments of another.
-    """
-    meta = {
-        "step": str(step),
-        "poslens": __version__,
-        **cfg.model.weights_metadata(),
-        **data_metadata(cfg.data),
-    }
-    write_json(out / CONFIG, {"poslens_version": __version__, **cfg.to_dict()})
-    save_tensors(out / WEIGHTS, weights, meta)
-    state = {f"model::{k}": v for k, v in weights.items()}
-    for name, param_state in moments.items():
-        for key, value in param_state.items():
-            state[f"optim::{name}::{key}"] = torch.as_tensor(value)
-    save_tensors(out / STATE, state, {**meta, "history": json.dumps(history)})
-
-
-def read_resume_state(
-    out: Path, model_cfg: ModelConfig | None = None
-) -> tuple[int, list, dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]]]:
-    """(step, history, weights, AdamW state by parameter name) from the resume state in `out`;
-    refuses one saved for another model than `model_cfg`."""
-    meta = read_metadata(out / STATE)  # the header goes through the same guard as any weights
-    why = None if model_cfg is None else config_mismatch(model_cfg, meta)
-    if why is not None:
-        raise CheckpointError(f"the resume state in {out} belongs to another model: {why}")
-    try:
-        step = int(meta["step"])
-    except (KeyError, ValueError):
-        raise CheckpointError(f"the resume state in {out} records no valid step") from None
-    history = parse_json(meta.get("history", "[]"), f"the training history in {out / STATE}")
-    if not isinstance(history, list):
-        raise CheckpointError(f"the training history in {out / STATE} is not a list")
-    weights: dict[str, torch.Tensor] = {}
-    moments: dict[str, dict[str, torch.Tensor]] = {}
-    for key, value in load_tensors(out / STATE).items():
-        if key.startswith("model::"):
-            weights[key.removeprefix("model::")] = value
-        elif key.startswith("optim::"):
-            pname, _, skey = key.removeprefix("optim::").partition("::")
-            moments.setdefault(pname, {})[skey] = value
-    return step, history, weights, moments
-
-
 def load_resume_state(out: Path, model: ViT, opt: torch.optim.Optimizer) -> tuple[int, list]:
     """Restore weights and optimiser moments from the resume state; returns (step, history)."""
     step, history, weights, moments = read_resume_state(out, model.cfg)
@@ -242,27 +164,6 @@ def load_resume_state(out: Path, model: ViT, opt: torch.optim.Optimizer) -> tupl
             raise CheckpointError(f"optimiser state in {out} names unknown parameter {pname}")
         opt.state[params[pname]].update(param_state)
     return step, history
-
-
-def has_resume_state(out: Path, cfg: RunConfig, resume: bool) -> bool:
-    """Whether `out` holds a run to continue; refuses a different config, or a run without
-    `resume`. Removes the temp files that a killed atomic write may have left."""
-    if resume:
-        for name in (CONFIG, WEIGHTS, STATE, METRICS):
-            for tmp in out.glob(f".{name}.*.tmp"):
-                tmp.unlink(missing_ok=True)
-    if resume and (out / STATE).is_file():
-        saved = read_json(out / CONFIG, "checkpoint config", MAX_CONFIG_BYTES)
-        if isinstance(saved, dict):
-            saved.pop("poslens_version", None)
-        if saved != cfg.to_dict():
-            raise CheckpointError(f"--resume: the config in {out} differs from the requested one")
-        return True
-    if (out / STATE).is_file() or (out / METRICS).is_file():
-        raise CheckpointError(
-            f"{out} already holds a run; pass --resume to continue it or pick another --out"
-        )
-    return False
 
 
 def last_train_batches(
@@ -312,6 +213,60 @@ def run_metrics(
         "threads": torch.get_num_threads(),
         "machine": platform.machine(),
     }
+
+
+def final_scores(
+    forward: Callable[[torch.Tensor], torch.Tensor],
+    models: int,
+    device: torch.device,
+    task: Task,
+    cfg: RunConfig,
+    end: int,
+    precision: str,
+) -> list[dict[str, dict[str, float]]]:
+    """Each of M models' accuracy and loss on its last training batches before step `end`, on the
+    validation set and on the test set (`forward`: images -> logits [M, B, classes], see score)."""
+    test_x, test_y = task.split("test")
+    train_x, train_y = last_train_batches(task, cfg, len(test_y), end)
+    sets = {"train": (train_x, train_y), "val": task.split("val"), "test": (test_x, test_y)}
+    scores = {name: score(forward, models, device, *xy, precision) for name, xy in sets.items()}
+    return [{name: scores[name][m] for name in sets} for m in range(models)]
+
+
+def finish_run(
+    out: Path,
+    cfg: RunConfig,
+    task: Task,
+    scores: dict[str, dict[str, float]],
+    history: list,
+    *,
+    precision: str,
+    num_params: int,
+    trained_images: int,
+    seconds: float,
+    resumed_from: int,
+    extra: dict[str, Any],
+    finite: bool,
+    save: Callable[[], None],
+    write: bool = True,
+    who: str = "",
+) -> dict[str, Any]:
+    """End one run, single or a member of an ensemble: its metrics (run_metrics + `extra`), the
+    refusal of non-finite weights, then `save()` (the final checkpoint) and metrics.json last, so
+    the folder is finished only once everything before it is on disk. `write` False (torchrun
+    ranks other than 0): the metrics only. Returns the metrics."""
+    metrics = run_metrics(
+        cfg, task, scores, history, precision, num_params, trained_images, seconds, resumed_from
+    ) | extra
+    if not finite:
+        raise TrainingDiverged(
+            f"training ended with non-finite weights{who} (train.lr={cfg.train.lr:g}); "
+            f"nothing in {out} was marked finished"
+        )
+    if write:
+        save()
+        mark_finished(out, metrics)  # last: the run is finished (poslens.checkpoint)
+    return metrics
 
 
 def train(
@@ -400,28 +355,18 @@ def train(
     end = total if stopped_at is None else stopped_at  # the step the weights were trained to
 
     model.eval()
-    test_x, test_y = task.split("test")
-    train_x, train_y = last_train_batches(task, cfg, len(test_y), end)
-    scores = {
-        "train": evaluate(model, train_x, train_y, precision),
-        "val": evaluate(model, *task.split("val"), precision),
-        "test": evaluate(model, test_x, test_y, precision),
-    }
-    metrics = run_metrics(
-        cfg, task, scores, history, precision, model.num_params(), trained_images, wall, start
-    )
+    extra: dict[str, Any] = {}
     if cfg.train.stop_acc:
-        metrics["stopped_at"] = stopped_at  # None: the target was not reached, all steps ran
+        extra["stopped_at"] = stopped_at  # None: the target was not reached, all steps ran
     if world > 1:
-        metrics["processes"] = world
-    if not all(bool(torch.isfinite(p).all()) for p in model.parameters()):
-        raise TrainingDiverged(
-            f"training ended with non-finite weights (train.lr={cfg.train.lr:g}); "
-            f"nothing in {out} was marked finished"
-        )
-    if main_rank:
-        save_checkpoint(out, model, opt, cfg, end, history)
-        write_json(out / FINISHED, metrics)  # last: the run is finished (module docstring)
+        extra["processes"] = world
+    scores = final_scores(lambda x: model(x)[None], 1, dev, task, cfg, end, precision)[0]
+    metrics = finish_run(
+        out, cfg, task, scores, history, precision=precision, num_params=model.num_params(),
+        trained_images=trained_images, seconds=wall, resumed_from=start, extra=extra,
+        finite=all(bool(torch.isfinite(p).all()) for p in model.parameters()),
+        save=lambda: save_checkpoint(out, model, opt, cfg, end, history), write=main_rank,
+    )  # fmt: skip
     distributed.barrier()
     return metrics
 

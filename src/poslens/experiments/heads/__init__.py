@@ -45,6 +45,10 @@ phases), result (the result, its verdict and the headline), plots (the figure).
 
 from poslens.experiments.heads.config import Config, applies
 from poslens.experiments.heads.phases import run
+from poslens.experiments.heads.plots import plot
 from poslens.experiments.heads.result import Heads, headline
+from poslens.experiments.output import Experiment
 
-__all__ = ["Config", "Heads", "applies", "headline", "run"]
+EXPERIMENT = Experiment("heads", Config, run, applies, headline, plot, cost=20)
+
+__all__ = ["EXPERIMENT", "Config", "Heads", "applies", "headline", "plot", "run"]

@@ -9,9 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
-from matplotlib.figure import Figure
 
-from poslens.experiments.heads import plots
 from poslens.experiments.heads.config import HELD_OUT_SEED, ONE_SIDED_2SE, SPECIALIZED, UNITS, Z
 from poslens.experiments.heads.units import Unit
 from poslens.experiments.output import Header, Headline
@@ -357,9 +355,6 @@ class Heads(Header):
             out["windows"] = [w.row() for w in self.windows]
             out["rebuilding"] = [r.row() for r in self.rebuilding]
         return out
-
-    def plot(self) -> Figure:
-        return plots.plot(self)
 
 
 def _block_head(unit: Unit | Rebuild | ConditionResult) -> tuple[int | None, int]:

@@ -17,18 +17,24 @@ alone measures the splicing confound. For an additive position table, the share 
 that is row + column effects stands beside the kinds of latents found.
 """
 
+from poslens.experiments.output import Experiment
 from poslens.experiments.sae_causal.config import Config, applies
 from poslens.experiments.sae_causal.edits import matched_random, resample, set_to, spliced, zero
 from poslens.experiments.sae_causal.phases import position_table, run, run_site
+from poslens.experiments.sae_causal.plots import plot
 from poslens.experiments.sae_causal.result import SAECausal, SiteResult, headline
 
+EXPERIMENT = Experiment("sae_causal", Config, run, applies, headline, plot, cost=30)
+
 __all__ = [
+    "EXPERIMENT",
     "Config",
     "SAECausal",
     "SiteResult",
     "applies",
     "headline",
     "matched_random",
+    "plot",
     "position_table",
     "resample",
     "run",

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
-from matplotlib.figure import Figure
 
 from poslens.experiments.output import Header, Headline
 from poslens.experiments.readout import ConditionResult
@@ -144,11 +143,6 @@ class SAECausal(Header):
                         }
                 rows.append(row)
         return {"conditions": rows}
-
-    def plot(self) -> Figure:
-        from poslens.experiments.sae_causal.plots import plot
-
-        return plot(self)
 
 
 def key(site: str, group: str, number: str) -> str:
