@@ -82,12 +82,8 @@ def param_count(cfg: ModelConfig) -> float:
     per_block = 4 * d * d + 4 * d + 2 * d * hidden + hidden + d + 4 * d
     embed = cfg.in_chans * cfg.patch_size**2 * d + d
     prefix = (int(cfg.cls_token) + cfg.num_registers) * d
-    ape = patches * d if cfg.posenc in ("ape", "rope_axial_ape", "rope_mixed_ape") else 0.0
-    mixed = (
-        2.0 * cfg.depth * cfg.heads * cfg.head_dim // 2
-        if cfg.posenc.startswith("rope_mixed")
-        else 0.0
-    )
+    ape = patches * d if cfg.has_pos_table else 0.0
+    mixed = 2.0 * cfg.depth * cfg.heads * cfg.head_dim // 2 if cfg.rope_kind == "mixed" else 0.0
     return embed + prefix + ape + mixed + cfg.depth * per_block + 2 * d + (d + 1) * cfg.num_classes
 
 

@@ -144,3 +144,25 @@ def test_an_in_place_edit_of_per_head_results_reaches_the_output(images: torch.T
         returned = model(images)
     assert torch.equal(in_place, returned)
     assert (in_place - model(images)).abs().max() > 1e-4
+
+
+def test_the_hook_vocabulary_names_real_hook_points() -> None:
+    """Every name the builders in models/hooks.py make is a hook point of the ViT, and
+    block_of / norm_of read them back: a renamed module or hook fails here, not in an analysis."""
+    from poslens.models import hooks as h
+
+    for posenc in ("rope_axial", "ape"):
+        m = tiny(posenc)
+        names = set(m.hook_names())
+        built = [h.EMBED, h.FINAL_NORM] + ([h.POS_EMBED] if posenc == "ape" else [])
+        for b in range(m.cfg.depth):
+            built += [h.resid_pre(b), h.resid_mid(b), h.resid_post(b), h.normalized(b, "ln1"),
+                      h.normalized(b, "ln2"), h.block_out(b, "attn"), h.block_out(b, "mlp")]  # fmt: skip
+            built += [h.attn(b, n) for n in h.ATTN_HOOKS if posenc == "rope_axial" or "rot" not in n]
+            assert h.block_of(h.resid_pre(b)) == h.block_of(h.attn(b, "pattern")) == b
+            assert h.norm_of(h.normalized(b, "ln2")) == "ln2"
+        assert set(built) <= names, sorted(set(built) - names)
+        assert h.block_of(h.FINAL_NORM) is None and h.norm_of(h.FINAL_NORM) == "ln_final"
+        assert h.norm_of(h.resid_pre(0)) is None and h.block_of("blocks.x.hook_z") is None
+        # every hook name of the model is one the vocabulary can build
+        assert names <= set(built), sorted(names - set(built))

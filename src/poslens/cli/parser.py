@@ -13,6 +13,7 @@ from poslens.cli.commands import (
     cmd_study,
     cmd_train,
 )
+from poslens.models import hooks
 
 
 class _Parser(argparse.ArgumentParser):
@@ -131,7 +132,7 @@ def build_parser(prog: str = "poslens") -> argparse.ArgumentParser:
         "train", help="train a TopK SAE at one hook and find positional latents"
     )
     st.add_argument("checkpoint", help="poslens checkpoint folder")
-    st.add_argument("--site", default="blocks.1.ln1.hook_normalized", help="hook name")
+    st.add_argument("--site", default=hooks.normalized(1), help="hook name")
     st.add_argument("--out", required=True, help="folder for the SAE, its report and figure")
     st.add_argument("--k", type=int, default=16, help="active latents per token")
     st.add_argument("--expansion", type=int, default=4, help="d_sae / d_in")

@@ -16,6 +16,7 @@ from matplotlib.figure import Figure
 
 from poslens.data import Task
 from poslens.experiments.config import ExperimentConfig
+from poslens.models.config import ROPE_KIND
 from poslens.experiments.output import Experiment, Headline
 from poslens.interventions import axis_map
 from poslens.interventions.rotary import AxisMap
@@ -111,7 +112,7 @@ def plot(res: AxisMapResult) -> Figure:
     )
     ax1.title.set_fontsize(8)
     fig.colorbar(im, ax=ax1, shrink=0.8)
-    if res.posenc.startswith("rope_mixed"):
+    if ROPE_KIND.get(res.posenc) == "mixed":
         ax2.scatter(
             a.direction_deg.ravel(), a.freq.ravel(), c=a.alignment.ravel(), cmap="viridis", s=8
         )

@@ -41,6 +41,7 @@ from poslens.experiments.readout import (
 from poslens.interventions import ablate, patch, rpi
 from poslens.interventions.ablation import COMPONENTS, component_hook
 from poslens.metrics import SSDC, correct_class_margin
+from poslens.models import hooks
 from poslens.models.vit import ViT
 from poslens.precision import autocast
 from poslens.progress import track
@@ -157,7 +158,7 @@ def run_patching(model: ViT, images: torch.Tensor, labels: torch.Tensor, cfg: Co
     depth, p = model.cfg.depth, model.cfg.num_prefix
     raw, _ = site_names(model)
     names = {
-        "resid": [f"blocks.{b}.hook_resid_pre" for b in range(depth)],
+        "resid": [hooks.resid_pre(b) for b in range(depth)],
         "attn": [component_hook("attn", b) for b in range(depth)],
         "mlp": [component_hook("mlp", b) for b in range(depth)],
     }

@@ -39,6 +39,7 @@ from poslens.experiments.readout import (
 from poslens.interventions._checks import check_blocks
 from poslens.metrics import PairedDiff
 from poslens.metrics.probes import TARGETS, ProbeResult
+from poslens.models import hooks
 from poslens.models.vit import ViT
 from poslens.precision import autocast
 from poslens.progress import track
@@ -66,7 +67,7 @@ def block_prefix_attention(model: ViT, blocks: Iterable[int] | None = None) -> I
         out[:, :, p:, :p] = -torch.inf
         return out
 
-    names = [f"blocks.{b}.attn.hook_attn_scores" for b in check_blocks(model, blocks)]
+    names = [hooks.attn(b, "attn_scores") for b in check_blocks(model, blocks)]
     with model.hooks([(n, hook) for n in names]):
         yield
 
@@ -83,7 +84,7 @@ def prefix_mass(
     """[depth, H]: attention that patch queries give to prefix keys (summed over prefix keys,
     averaged over patch queries and images), in the intact model; sharded under torchrun."""
     p, depth = model.cfg.num_prefix, model.cfg.depth
-    names = [f"blocks.{b}.attn.hook_pattern" for b in range(depth)]
+    names = [hooks.attn(b, "pattern") for b in range(depth)]
     total = torch.zeros(depth, model.cfg.heads, dtype=torch.float64)
     dev = model.head.weight.device
     with autocast(model, precision):

@@ -31,6 +31,7 @@ from poslens.experiments.config import ExperimentConfig
 from poslens.interventions import rpi
 from poslens.metrics import SSDC, PairedDiff, correct_class_margin, paired_diff, retention
 from poslens.metrics.probes import TARGETS, PositionProbes, ProbeResult, fit_probes
+from poslens.models import hooks
 from poslens.models.vit import ViT
 from poslens.precision import autocast
 
@@ -51,8 +52,8 @@ def site_labels(model: ViT) -> list[str]:
 def site_names(model: ViT) -> tuple[list[str], list[str]]:
     """Hook names of the raw and the normalised residual at every site."""
     d = model.cfg.depth
-    raw = [f"blocks.{b}.hook_resid_pre" for b in range(d)] + [f"blocks.{d - 1}.hook_resid_post"]
-    norm = [f"blocks.{b}.ln1.hook_normalized" for b in range(d)] + ["ln_final.hook_normalized"]
+    raw = [hooks.resid_pre(b) for b in range(d)] + [hooks.resid_post(d - 1)]
+    norm = [hooks.normalized(b) for b in range(d)] + [hooks.FINAL_NORM]
     return raw, norm
 
 

@@ -9,6 +9,7 @@ import torch
 
 from poslens.errors import UserError
 from poslens.interventions._checks import check_blocks, check_heads
+from poslens.models import hooks
 from poslens.models.vit import ViT
 
 COMPONENTS = ("attn", "mlp")
@@ -21,8 +22,8 @@ def component_hook(component: str, block: int, heads: bool = False) -> str:
     if heads:
         if component != "attn":
             raise UserError("heads can only be given for the 'attn' component")
-        return f"blocks.{block}.attn.hook_z"
-    return f"blocks.{block}.hook_{component}_out"
+        return hooks.attn(block, "z")
+    return hooks.block_out(block, component)
 
 
 @torch.no_grad()

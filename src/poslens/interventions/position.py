@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 import torch
 
 from poslens.errors import UserError
+from poslens.models import hooks
 from poslens.models.hooks import HookFn
 from poslens.models.vit import ViT
 
@@ -27,7 +28,7 @@ def seeded_permutation(n: int, seed: int) -> torch.Tensor:
 def ape_zero(model: ViT) -> Iterator[None]:
     """Remove the additive position embedding (APE or sincos): the patches get no position."""
     _require_additive(model)
-    with model.hooks([("hook_pos_embed", lambda pos, _n: torch.zeros_like(pos))]):
+    with model.hooks([(hooks.POS_EMBED, lambda pos, _n: torch.zeros_like(pos))]):
         yield
 
 
@@ -52,7 +53,7 @@ def ape_permute(model: ViT, seed: int = 0) -> Iterator[torch.Tensor]:
     """
     _require_additive(model)
     hook, perm_for = _permute_tokens(seed)
-    with model.hooks([("hook_pos_embed", hook)]):  # pos [1, N, D]
+    with model.hooks([(hooks.POS_EMBED, hook)]):  # pos [1, N, D]
         yield perm_for(model.cfg.grid**2)
 
 
@@ -63,5 +64,5 @@ def rpi(model: ViT, seed: int = 0) -> Iterator[torch.Tensor]:
     Yields the permutation for the training grid; other grids get their own seeded permutation.
     """
     hook, perm_for = _permute_tokens(seed)
-    with model.hooks([("hook_embed", hook)]):  # patch embeddings [B, N, D]
+    with model.hooks([(hooks.EMBED, hook)]):  # patch embeddings [B, N, D]
         yield perm_for(model.cfg.grid**2)

@@ -15,6 +15,7 @@ import torch
 
 from poslens.errors import UserError
 from poslens.interventions._checks import check_blocks, check_heads
+from poslens.models import hooks
 from poslens.models.vit import ViT
 
 PlaneSpec = Iterable[int] | torch.Tensor | np.ndarray
@@ -75,12 +76,8 @@ def rotary_mask(
 
         return hook
 
-    hooks = [
-        (f"blocks.{b}.attn.hook_rotary", make_hook(mask[b]))
-        for b in range(cfg.depth)
-        if mask[b].any()
-    ]
-    with model.hooks(hooks):
+    fns = [(hooks.attn(b, "rotary"), make_hook(mask[b])) for b in range(cfg.depth) if mask[b].any()]
+    with model.hooks(fns):
         yield mask
 
 
@@ -151,7 +148,7 @@ def axis_map(model: ViT, grid: tuple[int, int] | None = None, threshold: float =
     x = torch.zeros(
         1, cfg.in_chans, gh * cfg.patch_size, gw * cfg.patch_size, device=model.head.weight.device
     )
-    names = [f"blocks.{b}.attn.hook_rotary" for b in range(cfg.depth)]
+    names = [hooks.attn(b, "rotary") for b in range(cfg.depth)]
     _, cache = model.run_with_cache(x, names)
     tables = torch.stack([cache[n] for n in names]).double()  # [depth, 2, H, T, P]
     tables = tables[:, :, :, cfg.num_prefix :]

@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from poslens import distributed
+from poslens.models import hooks
 from poslens.models.posenc import grid_coords
 from poslens.models.vit import ViT
 from poslens.precision import autocast
@@ -116,8 +117,8 @@ class AttentionAccumulator:
         """(hook name, hook) pairs on the logits and pattern of blocks 0..depth-1."""
         out = []
         for b in range(depth):
-            out.append((f"blocks.{b}.attn.hook_attn_scores", self._scores_hook(b)))
-            out.append((f"blocks.{b}.attn.hook_pattern", self._pattern_hook(b)))
+            out.append((hooks.attn(b, "attn_scores"), self._scores_hook(b)))
+            out.append((hooks.attn(b, "pattern"), self._pattern_hook(b)))
         return out
 
     def _scores_hook(self, b: int) -> Callable[[torch.Tensor, str], None]:

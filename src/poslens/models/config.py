@@ -11,6 +11,20 @@ from poslens._config import from_dict, one_of, positive_float, positive_int
 from poslens.errors import CheckpointError, ConfigError
 
 POSENCS = ("ape", "sincos", "rope_axial", "rope_mixed", "rope_axial_ape", "rope_mixed_ape", "none")
+# What each encoding is made of; every check of an encoding reads these (never the name's text).
+POS_TABLE = ("ape", "rope_axial_ape", "rope_mixed_ape")  # a learned table added to the patches
+ADDITIVE = (*POS_TABLE, "sincos")  # a position vector added to the patches (learned or fixed)
+ROPE_KIND = {"rope_axial": "axial", "rope_axial_ape": "axial",
+             "rope_mixed": "mixed", "rope_mixed_ape": "mixed"}  # fmt: skip
+FAMILIES = ("rotary", "additive", "none")
+
+
+def posenc_family(posenc: str) -> str:
+    """How an encoding gives position: "rotary" (rotations, with or without a table),
+    "additive" (an added vector alone: APE, sincos) or "none". The claims' families."""
+    if posenc in ROPE_KIND:
+        return "rotary"
+    return "additive" if posenc in ADDITIVE else "none"
 ROPE_LAYOUTS = ("interleaved", "half")
 ROPE_COORDS = ("index", "centered")
 POOLS = ("cls", "mean")
@@ -153,13 +167,27 @@ class ModelConfig:
         return int(self.cls_token) + self.num_registers
 
     @property
+    def rope_kind(self) -> str | None:
+        """"axial" (fixed per-axis frequencies), "mixed" (learned 2-D frequencies) or None."""
+        return ROPE_KIND.get(self.posenc)
+
+    @property
     def uses_rope(self) -> bool:
-        return self.posenc.startswith("rope")
+        return self.rope_kind is not None
+
+    @property
+    def has_pos_table(self) -> bool:
+        """True when a learned position table (APE) is added to the patch tokens."""
+        return self.posenc in POS_TABLE
 
     @property
     def uses_additive_pos(self) -> bool:
         """True when a position embedding is added to the patch tokens (APE or sincos)."""
-        return self.posenc in ("ape", "sincos", "rope_axial_ape", "rope_mixed_ape")
+        return self.posenc in ADDITIVE
+
+    @property
+    def family(self) -> str:
+        return posenc_family(self.posenc)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields; fields added after the first release only when not at their

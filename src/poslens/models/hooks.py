@@ -18,6 +18,66 @@ from poslens.errors import UserError
 HookFn = Callable[[torch.Tensor, str], torch.Tensor | None]
 NameFilter = str | Sequence[str] | Callable[[str], bool]
 
+# ------------------------------------------------------------------------------ the vocabulary
+# Every hook name poslens builds or reads comes from these functions (the ViT's modules are named
+# to match: blocks.{b}.{ln1,ln2,attn}, ln_final). A test pins them against model.hook_names().
+
+EMBED, POS_EMBED = "hook_embed", "hook_pos_embed"  # patch embeddings; the added position table
+FINAL_NORM = "ln_final.hook_normalized"  # the final norm's output: the "out" site
+ATTN_HOOKS = ("q", "k", "v", "rotary", "rot_q", "rot_k", "attn_scores", "pattern", "z", "result")
+
+
+def resid_pre(b: int) -> str:
+    """The residual stream entering block b."""
+    return f"blocks.{b}.hook_resid_pre"
+
+
+def resid_mid(b: int) -> str:
+    """Block b's residual after its attention, before its MLP."""
+    return f"blocks.{b}.hook_resid_mid"
+
+
+def resid_post(b: int) -> str:
+    """The residual stream leaving block b."""
+    return f"blocks.{b}.hook_resid_post"
+
+
+def normalized(b: int, norm: str = "ln1") -> str:
+    """The output of block b's norm `ln1` (its attention's input) or `ln2` (its MLP's)."""
+    return f"blocks.{b}.{norm}.hook_normalized"
+
+
+def attn(b: int, name: str) -> str:
+    """A hook inside block b's attention: one of ATTN_HOOKS (e.g. "pattern", "rotary", "z")."""
+    if name not in ATTN_HOOKS:
+        raise ValueError(f"no attention hook {name!r}; expected one of {', '.join(ATTN_HOOKS)}")
+    return f"blocks.{b}.attn.hook_{name}"
+
+
+def block_out(b: int, component: str) -> str:
+    """Block b's attention ("attn") or MLP ("mlp") output, before it joins the residual."""
+    return f"blocks.{b}.hook_{component}_out"
+
+
+def block_of(name: str) -> int | None:
+    """The block a hook name belongs to (blocks.b.* -> b); None outside the blocks."""
+    head, _, rest = name.partition(".")
+    index, dot, _ = rest.partition(".")
+    return int(index) if head == "blocks" and dot and index.isdigit() else None
+
+
+def norm_of(name: str) -> str | None:
+    """The norm of a norm-output hook: "ln1" / "ln2" for blocks.b.{ln1,ln2}.hook_normalized,
+    "ln_final" for the final norm; None for any other hook."""
+    if name == FINAL_NORM:
+        return "ln_final"
+    b = block_of(name)
+    for norm in ("ln1", "ln2"):
+        if b is not None and name == normalized(b, norm):
+            return norm
+    return None
+
+
 
 class HookPoint(nn.Module):
     """Identity module marking a place in the forward pass; its full name is set by the model."""

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from poslens.errors import UserError
+from poslens.models import hooks
 from poslens.models.config import ModelConfig
 from poslens.models.hooks import HookedModule, HookPoint
 from poslens.models.posenc import (
@@ -151,14 +152,10 @@ class ViT(HookedModule):
         self.reg_tokens = (
             nn.Parameter(torch.zeros(1, cfg.num_registers, D)) if cfg.num_registers else None
         )
-        self.pos_embed = (
-            nn.Parameter(torch.zeros(1, g * g, D))
-            if cfg.posenc in ("ape", "rope_axial_ape", "rope_mixed_ape")
-            else None
-        )
+        self.pos_embed = nn.Parameter(torch.zeros(1, g * g, D)) if cfg.has_pos_table else None
         self.rotary = (
             Rotary(
-                "mixed" if cfg.posenc.startswith("rope_mixed") else "axial",
+                cfg.rope_kind,
                 cfg.depth,
                 cfg.heads,
                 cfg.head_dim,
@@ -261,16 +258,13 @@ class ViT(HookedModule):
         blocks.b.ln1 <- blocks.b.hook_resid_pre, blocks.b.ln2 <- blocks.b.hook_resid_mid,
         ln_final <- the last block's hook_resid_post. None for any other hook. An edit meant to
         reach the rest of the network rewrites that residual, not the norm's output alone."""
-        last = f"blocks.{self.cfg.depth - 1}.hook_resid_post"
-        if name == "ln_final.hook_normalized":
-            return last, self.ln_final
-        parts = name.split(".")
-        if len(parts) == 4 and parts[0] == "blocks" and parts[3] == "hook_normalized":
-            b, which = int(parts[1]), parts[2]
-            if 0 <= b < self.cfg.depth and which in ("ln1", "ln2"):
-                resid = "hook_resid_pre" if which == "ln1" else "hook_resid_mid"
-                return f"blocks.{b}.{resid}", getattr(self.blocks[b], which)
-        return None
+        norm, b = hooks.norm_of(name), hooks.block_of(name)
+        if norm == "ln_final":
+            return hooks.resid_post(self.cfg.depth - 1), self.ln_final
+        if norm is None or b is None or not 0 <= b < self.cfg.depth:
+            return None
+        resid = hooks.resid_pre(b) if norm == "ln1" else hooks.resid_mid(b)
+        return resid, getattr(self.blocks[b], norm)
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())

@@ -7,6 +7,7 @@ from typing import Any
 
 from poslens._config import bounded_steps, from_dict, positive_float, positive_int
 from poslens.errors import ConfigError
+from poslens.models import hooks
 
 
 @dataclass(frozen=True)
@@ -24,7 +25,7 @@ class SAEConfig:
     importance. Whitening gives every direction equal weight in the loss.
     """
 
-    site: str = "blocks.1.ln1.hook_normalized"  # hook name the activations come from
+    site: str = hooks.normalized(1)  # hook name the activations come from
     expansion: int = 4  # d_sae = expansion * d_in
     k: int = 16  # active latents per token
     lr: float | None = None  # Adam learning rate; None: 2e-4 / sqrt(d_sae / 2**14)

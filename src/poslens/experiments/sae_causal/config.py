@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from poslens.errors import ConfigError
 from poslens.experiments.config import ExperimentConfig
+from poslens.models import hooks
 from poslens.models.vit import ViT
 from poslens.sae.config import SAEConfig
 
@@ -70,9 +71,9 @@ def applies(model: ViT) -> str | None:
 def normalised_hook(model: ViT, block: int) -> str:
     """The normalised residual entering `block` (the final norm's output for the last site)."""
     return (
-        "ln_final.hook_normalized"
+        hooks.FINAL_NORM
         if block == model.cfg.depth
-        else f"blocks.{block}.ln1.hook_normalized"
+        else hooks.normalized(block)
     )
 
 
@@ -83,9 +84,8 @@ def early_block(model: ViT) -> int:
 
 def site_index(model: ViT, site: str) -> int:
     """The residual site a hook belongs to: blocks.b.* -> b (b's input), ln_final -> out."""
-    if site.startswith("blocks."):
-        return int(site.split(".")[1])
-    return model.cfg.depth
+    b = hooks.block_of(site)
+    return model.cfg.depth if b is None else b
 
 
 def resolve_sites(model: ViT, cfg: Config, probe_block: int) -> dict[str, list[str]]:

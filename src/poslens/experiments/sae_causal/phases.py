@@ -23,6 +23,7 @@ from poslens.experiments.sae_causal.config import Config, resolve_sites, site_in
 from poslens.experiments.sae_causal.edits import matched_random, resample, set_to, spliced, zero
 from poslens.experiments.sae_causal.result import SAECausal, SiteResult
 from poslens.metrics.stats import row_col_share
+from poslens.models import hooks
 from poslens.models.vit import ViT
 from poslens.precision import autocast
 from poslens.progress import track
@@ -156,9 +157,9 @@ def position_table(model: ViT, image: torch.Tensor) -> dict[str, float] | None:
     read through hook_pos_embed on one image."""
     if not model.cfg.uses_additive_pos:
         return None
-    _, cache = model.run_with_cache(image[:1].to(model.head.weight.device), "hook_pos_embed")
+    _, cache = model.run_with_cache(image[:1].to(model.head.weight.device), hooks.POS_EMBED)
     gh, gw = model.grid_of(image[:1])
-    return row_col_share(cache["hook_pos_embed"][0].float().cpu().reshape(gh, gw, -1))
+    return row_col_share(cache[hooks.POS_EMBED][0].float().cpu().reshape(gh, gw, -1))
 
 
 def run(
