@@ -16,10 +16,10 @@ from matplotlib.figure import Figure
 
 from poslens.data import Task
 from poslens.experiments.config import ExperimentConfig
-from poslens.models.config import ROPE_KIND
 from poslens.experiments.output import Experiment, Headline
 from poslens.interventions import axis_map
 from poslens.interventions.rotary import AxisMap
+from poslens.models.config import ROPE_KIND
 from poslens.models.vit import ViT
 
 Config = ExperimentConfig
