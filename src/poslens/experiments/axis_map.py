@@ -129,14 +129,18 @@ def plot(res: AxisMapResult) -> Figure:
     return fig
 
 
+# headline keys (read by the rules)
+FRACTION_ALIGNED, ROW_PLANES_PER_HEAD = "fraction_axis_aligned", "row_planes_per_head"
+
+
 def headline(d: dict[str, Any]) -> Headline:
     """Plane counts per axis, the share of axis-aligned planes and the row planes per head."""
     total = sum(d["counts"].values())
     out: Headline = {f"planes_{k}": float(v) for k, v in d["counts"].items()}
-    out["fraction_axis_aligned"] = (d["counts"]["row"] + d["counts"]["col"]) / total if total else 0
+    out[FRACTION_ALIGNED] = (d["counts"]["row"] + d["counts"]["col"]) / total if total else 0
     out["mean_alignment"] = d["mean_alignment"]
     out["head_blocks"] = float(len(d["per_head"]))  # depth x heads
-    out["row_planes_per_head"] = d["counts"]["row"] / max(1, len(d["per_head"]))
+    out[ROW_PLANES_PER_HEAD] = d["counts"]["row"] / max(1, len(d["per_head"]))
     return out
 
 

@@ -78,6 +78,12 @@ class Experiment:
     cost: float = 4.0
 
 
+def retention_number(measure: str, target: str | None = None) -> str:
+    """The headline number of a condition's retention of `measure` (accuracy, margin, ssdc_out,
+    probe, probe_fixed, ...), per probe target where it has one: condition_numbers' names."""
+    return f"retention_{measure}" if target is None else f"retention_{measure}_{target}"
+
+
 def probe_numbers(prefix: str, acc: Sequence[float] | None) -> Headline:
     """{prefix_exact, prefix_row, prefix_col} from probe accuracies in TARGETS order."""
     if acc is None:
@@ -100,7 +106,7 @@ def condition_numbers(prefix: str, c: dict[str, Any]) -> Headline:
         out |= probe_numbers(f"{prefix}.{kind}", c.get(kind))
     for key, value in c["retention"].items():
         if key in ("accuracy", "margin", "ssdc_out") or key.startswith("probe"):
-            out[f"{prefix}.retention_{key}"] = value
+            out[f"{prefix}.{retention_number(key)}"] = value
     return out
 
 
@@ -153,10 +159,10 @@ def save(
             text = _csv_text(rows)
             path = out / f"{result.name}_{table}.csv"
             atomic_write(path, lambda p, text=text: p.write_text(text))
-        fig = plot(result)
+        fig = plot(result) if formats else None
         for fmt in formats:
             path = out / f"{result.name}.{fmt}"
-            atomic_write(path, lambda p, fmt=fmt: fig.savefig(p, format=fmt, dpi=120))
+            atomic_write(path, lambda p, fmt=fmt: fig.savefig(p, format=fmt, dpi=120))  # type: ignore[union-attr]
     return written
 
 

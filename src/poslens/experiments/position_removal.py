@@ -9,7 +9,7 @@ site and retention against the floor.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -83,6 +83,40 @@ def top_frequency_mask(model: ViT, n: int, amap: AxisMap | None = None) -> torch
     return mask
 
 
+# ------------------------------------------------------------------------------ headline keys
+# The names every reader of this experiment's headline uses (rules, figures): `key(condition,
+# number)`, with the conditions named by the functions below, as run() names them.
+
+INTACT, FLOOR = "intact", "floor"
+
+
+def axis_condition(axis: str) -> str:
+    """One axis's planes removed in every block: axis "row" or "col"."""
+    return f"axis_{axis}"
+
+
+def random_condition(n: int) -> str:
+    """n random planes per head removed (the mean over draws; draw d is f"{name}/{d}")."""
+    return f"random_{n}"
+
+
+def key(condition: str, number: str) -> str:
+    """The headline key of one number of one condition."""
+    return f"{condition}.{number}"
+
+
+def random_counts(keys: Iterable[str]) -> list[int]:
+    """The random-plane counts n whose condition a headline holds, in order (each name checked
+    against random_condition, so the two cannot drift apart)."""
+    out = set()
+    for k in keys:
+        condition = k.partition(".")[0]
+        n = condition.rpartition("_")[2]
+        if n.isdigit() and random_condition(int(n)) == condition:
+            out.add(int(n))
+    return sorted(out)
+
+
 def conditions(model: ViT, cfg: Config) -> list[tuple[str, Condition, dict[str, Any]]]:
     """Every removal condition that applies to this model: (name, condition, metadata)."""
     out: list[tuple[str, Condition, dict[str, Any]]] = []
@@ -96,7 +130,7 @@ def conditions(model: ViT, cfg: Config) -> list[tuple[str, Condition, dict[str, 
             mask = torch.as_tensor(amap.axis == axis)
             if mask.any():
                 out.append(
-                    (f"axis_{axis}", planes_off(mask), {"kind": "axis", "planes": int(mask.sum())})
+                    (axis_condition(axis), planes_off(mask), {"kind": "axis", "planes": int(mask.sum())})
                 )
         P = num_planes(model)
         for n in (n for n in cfg.n_planes if n <= P):
@@ -110,7 +144,7 @@ def conditions(model: ViT, cfg: Config) -> list[tuple[str, Condition, dict[str, 
             for d in range(cfg.draws):
                 mask = random_mask(model, n, seed=cfg.seed * 1000 + 17 * n + d)
                 meta = {"kind": "random", "n": n, "draw": d}
-                out.append((f"random_{n}/{d}", planes_off(mask), meta))
+                out.append((f"{random_condition(n)}/{d}", planes_off(mask), meta))
     return out
 
 
@@ -161,7 +195,7 @@ def random_summary(conds: list[ConditionResult]) -> dict[str, dict[str, float]]:
         for key in draws[0].retention:
             if key.startswith("probe"):
                 values[f"retention_{key}"] = [c.retention[key] for c in draws]
-        out[f"random_{n}"] = {
+        out[random_condition(n)] = {
             **{k: float(np.mean(v)) for k, v in values.items()},
             **{f"{k}_se": sem(v) for k, v in values.items()},
             "draws": len(draws),
@@ -239,11 +273,11 @@ def plot(res: PositionRemoval) -> Figure:
 
 def headline(d: dict[str, Any]) -> Headline:
     """Intact and floor, every named condition, and the mean (SE over draws) of each random_n."""
-    out: Headline = {"intact.accuracy": d["baseline"]["accuracy"]}
-    out["intact.margin"] = d["baseline"]["margin"]
-    out |= probe_numbers("intact.probe", d["baseline"]["probe"])
+    out: Headline = {key(INTACT, "accuracy"): d["baseline"]["accuracy"]}
+    out[key(INTACT, "margin")] = d["baseline"]["margin"]
+    out |= probe_numbers(key(INTACT, "probe"), d["baseline"]["probe"])
     out |= probe_numbers("chance", d["baseline"]["probes"]["chance"])
-    out |= condition_numbers("floor", d["floor"])
+    out |= condition_numbers(FLOOR, d["floor"])
     for c in d["conditions"]:
         if "/" not in c["name"]:  # random draws are summarised below
             out |= condition_numbers(c["name"], c)

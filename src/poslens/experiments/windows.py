@@ -9,6 +9,7 @@ recovery and the blocks needed to get half of it back.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -92,6 +93,57 @@ def recovery(
     return onset, None if half is None else half - (last + 1)
 
 
+# ------------------------------------------------------------------------------ headline keys
+# The names every reader of this experiment's headline uses (rules, figures): `key(condition,
+# number)`, with the windows named by the functions below, as conditions() names them. REBUILD:
+# the compensation of the window the rebuilding claim reads (rebuild_window), emitted directly.
+
+INTACT, FLOOR, REBUILD = "intact", "floor", "rebuild"
+
+
+def prefix_window(k: int) -> str:
+    """Rotations withheld in blocks 0..k."""
+    return f"prefix_{k}"
+
+
+def suffix_window(k: int) -> str:
+    """Rotations withheld in blocks k..end."""
+    return f"suffix_{k}"
+
+
+def compensation_of(k: int) -> str:
+    """The redundancy control of prefix window k (what the later blocks add after it)."""
+    return f"compensation_{k}"
+
+
+def key(condition: str, number: str) -> str:
+    """The headline key of one number of one window (or of intact, floor, REBUILD)."""
+    return f"{condition}.{number}"
+
+
+def prefix_ks(keys: Iterable[str]) -> list[int]:
+    """The k of every prefix window a headline holds, in order (names checked against
+    prefix_window, so the two cannot drift apart)."""
+    out = set()
+    for k in keys:
+        condition = k.partition(".")[0]
+        n = condition.rpartition("_")[2]
+        if n.isdigit() and prefix_window(int(n)) == condition:
+            out.add(int(n))
+    return sorted(out)
+
+
+def rebuild_window(ks: Iterable[int], depth: int) -> int | None:
+    """The window the rebuilding claim reads: the largest prefix window with a compensation that
+    ends in the first half of the blocks (k <= depth // 2 - 1), else the smallest; None without
+    one (or without later blocks)."""
+    ks = sorted(ks)
+    if not ks or depth < 2:
+        return None
+    fit = [k for k in ks if k <= depth // 2 - 1]
+    return max(fit) if fit else ks[0]
+
+
 def conditions(model: ViT, cfg: Config) -> list[tuple[str, str, list[int], Condition, int]]:
     """(name, kind, blocks, condition, draw) for every window of this model."""
     depth = model.cfg.depth
@@ -103,12 +155,12 @@ def conditions(model: ViT, cfg: Config) -> list[tuple[str, str, list[int], Condi
     out: list[tuple[str, str, list[int], Condition, int]] = []
     for k in ks:
         out.append(
-            (f"prefix_{k}", "prefix", list(range(k + 1)), planes_off(_all(model), range(k + 1)), 0)
+            (prefix_window(k), "prefix", list(range(k + 1)), planes_off(_all(model), range(k + 1)), 0)
         )
     for k in range(1, depth):
         out.append(
             (
-                f"suffix_{k}",
+                suffix_window(k),
                 "suffix",
                 list(range(k, depth)),
                 planes_off(_all(model), range(k, depth)),
@@ -169,9 +221,10 @@ class Compensation:
 
 def compensation(k: int, m: dict[str, np.ndarray]) -> Compensation:
     """The compensation test of the prefix window ending at block k, from per-image margins."""
-    after, anyway = m[f"prefix_{k}"] - m["floor"], m["intact"] - m[f"suffix_{k + 1}"]
+    after = m[prefix_window(k)] - m[FLOOR]
+    anyway = m[INTACT] - m[suffix_window(k + 1)]
     d = paired_diff(after - anyway, np.zeros_like(after))
-    span = float((m["intact"] - m["floor"]).mean())
+    span = float((m[INTACT] - m[FLOOR]).mean())
     rel = d.mean / span if abs(span) > 1e-12 else float("nan")
     return Compensation(k, float(after.mean()), float(anyway.mean()), d, span, rel)
 
@@ -225,7 +278,7 @@ def run(model: ViT, data: Task, cfg: Config | None = None, progress: bool = Fals
     for item in track([None, *conds], "windows", progress):
         if item is None:
             ref = reference(model, x, y, cfg)
-            margins |= {"intact": ref.base.margin, "floor": ref.floor.margin}
+            margins |= {INTACT: ref.base.margin, FLOOR: ref.floor.margin}
             continue
         assert ref is not None
         name, kind, blocks, cond, draw = item
@@ -250,7 +303,7 @@ def run(model: ViT, data: Task, cfg: Config | None = None, progress: bool = Fals
         )
     assert ref is not None
     ks = sorted(w.blocks[-1] for w in windows if w.kind == "prefix")
-    comp = [compensation(k, margins) for k in ks if f"suffix_{k + 1}" in margins]
+    comp = [compensation(k, margins) for k in ks if suffix_window(k + 1) in margins]
     return Windows(
         posenc=model.cfg.posenc,
         sites=site_labels(model),
@@ -318,12 +371,11 @@ def plot(res: Windows) -> Figure:
 def headline(d: dict[str, Any]) -> Headline:
     """Intact and floor; per named window its condition numbers, the retention of RPI-SSDC right
     after a prefix window and the onset of recovery; the mean accuracy of each random window."""
-    out: Headline = {"intact.accuracy": d["baseline"]["accuracy"]}
-    out["intact.margin"] = d["baseline"]["margin"]
-    out["intact.ssdc_rpi_out"] = d["baseline"]["ssdc_rpi"][-1]
-    out["floor.accuracy"] = d["floor"]["accuracy"]
-    out["floor.margin"] = d["floor"]["margin"]
-    out["floor.ssdc_rpi_out"] = d["floor"]["ssdc_rpi"][-1]
+    out: Headline = {}
+    for name, r in ((INTACT, d["baseline"]), (FLOOR, d["floor"])):
+        out[key(name, "accuracy")] = r["accuracy"]
+        out[key(name, "margin")] = r["margin"]
+        out[key(name, "ssdc_rpi_out")] = r["ssdc_rpi"][-1]
     random: dict[str, list[float]] = {}
     for w in d["windows"]:
         name = w["result"]["name"]
@@ -346,14 +398,24 @@ def headline(d: dict[str, Any]) -> Headline:
         out[f"{name}.onset"] = None if w["onset"] is None else float(w["onset"])
     for name, accs in random.items():
         out[f"{name}.accuracy"] = float(np.mean(accs))
-    for c in d.get("compensation", []):
-        key = f"compensation_{c['k']}"
-        out[f"{key}.margin"] = c["compensation"]["mean"]
-        out[f"{key}.se"] = c["compensation"]["se"]
-        out[f"{key}.relative"] = c["relative"]
-        out[f"{key}.added_after_window"] = c["added_after_window"]
-        out[f"{key}.added_anyway"] = c["added_anyway"]
+    comp = {c["k"]: c for c in d.get("compensation", [])}
+    for k, c in comp.items():
+        out |= _compensation_numbers(compensation_of(k), c)
+    k = rebuild_window(comp, len(d["sites"]) - 1)
+    if k is not None:
+        out[key(REBUILD, "window")] = float(k)
+        out |= _compensation_numbers(REBUILD, comp[k])
     return out
+
+
+def _compensation_numbers(name: str, c: dict[str, Any]) -> Headline:
+    return {
+        key(name, "margin"): c["compensation"]["mean"],
+        key(name, "se"): c["compensation"]["se"],
+        key(name, "relative"): c["relative"],
+        key(name, "added_after_window"): c["added_after_window"],
+        key(name, "added_anyway"): c["added_anyway"],
+    }
 
 
 EXPERIMENT = Experiment("windows", Config, run, applies, headline, plot, cost=12)

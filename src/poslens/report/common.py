@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from poslens.study.verdicts import VERDICTS
+
 NONE = "—"  # shown for null / absent values
-VERDICTS = ("supported", "not supported", "inconclusive", "instrument failed calibration")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 MAX_LIST = 12  # longer lists are cut in cells, with the count shown
 

@@ -16,21 +16,16 @@ from poslens.metrics.stats import SeedTest, holm, seed_test
 from poslens.study.config import StudyConfig
 from poslens.study.reference import reference_check
 from poslens.study.rules import RULES, Rule, View
+from poslens.study.verdicts import (
+    FAILED_CALIBRATION,
+    INCONCLUSIVE,
+    NOT_SUPPORTED,
+    SUPPORTED,
+    VERDICTS,
+)
 
-SUPPORTED, NOT_SUPPORTED, INCONCLUSIVE = "supported", "not supported", "inconclusive"
-FAILED_CALIBRATION = "instrument failed calibration"
-VERDICTS = (SUPPORTED, NOT_SUPPORTED, INCONCLUSIVE, FAILED_CALIBRATION)
 MIN_SEEDS = 5  # a verdict (and a calibration result) needs at least this many training seeds
 ALPHA = 0.05
-APE_LIKE = ("ape", "sincos")
-ROPE_LIKE = ("rope_axial", "rope_mixed", "rope_axial_ape", "rope_mixed_ape")
-FAMILY = {  # pretrained models are judged by their encoding
-    "ape_explicit_features": APE_LIKE,
-    "rope_planes_split": ROPE_LIKE,
-    "rope_rebuilds": ROPE_LIKE,
-    "heads_rebuild": ROPE_LIKE,
-    "position_matters": (*APE_LIKE, *ROPE_LIKE),
-}
 PRETRAINED_CAVEAT = (
     "Pretrained weights: each model is one set of weights, so its seeds are analysis seeds (image "
     "subset, RPI permutation, probe split, random draws) and the interval measures analysis "
@@ -88,7 +83,7 @@ def _calibration(rule: Rule, views: dict[str, View]) -> dict[str, Any]:
 def _study_views(rule: Rule, views: dict[str, View], pretrained: bool) -> list[View]:
     if pretrained:
         return [
-            v for v in views.values() if v.posenc in FAMILY[rule.id] and v.seeds(rule.experiment)
+            v for v in views.values() if rule.applies_to(v.family) and v.seeds(rule.experiment)
         ]
     return [views[m] for m in rule.study if m in views and views[m].seeds(rule.experiment)]
 

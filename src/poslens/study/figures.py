@@ -9,6 +9,8 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
+from poslens.experiments import position_removal as removal_exp
+from poslens.experiments import windows as windows_exp
 from poslens.io import atomic_write
 from poslens.study.config import StudyConfig
 
@@ -41,14 +43,15 @@ def depth_profile(models: dict[str, Agg]) -> Figure | None:
 
 
 def position_removal(models: dict[str, Agg]) -> Figure | None:
-    conds = ["intact", "axis_row", "axis_col", "random", "floor"]
+    pr = removal_exp
+    conds = [pr.INTACT, pr.axis_condition("row"), pr.axis_condition("col"), "random", pr.FLOOR]
     fig = Figure(figsize=(7, 3.6), layout="constrained")
     ax = fig.subplots()
     width = 0.8 / max(1, len(models))
     for i, (m, agg) in enumerate(models.items()):
-        rnd = next((k.split(".")[0] for k in agg if k.startswith("random_") and k.endswith(".accuracy")
-                    and "/" not in k), None)  # fmt: skip
-        keys = [f"{c}.accuracy" if c != "random" else f"{rnd}.accuracy" for c in conds]
+        ns = pr.random_counts(agg)  # the first count that ran, as before
+        rnd = pr.random_condition(ns[0]) if ns else "random"
+        keys = [pr.key(rnd if c == "random" else c, "accuracy") for c in conds]
         vals = [_get(agg, k, 100) for k in keys]
         x = np.arange(len(conds)) + i * width
         ax.bar(x, [v[0] for v in vals], width, yerr=[v[1] for v in vals], label=m, capsize=2)
@@ -65,10 +68,10 @@ def windows(models: dict[str, Agg]) -> Figure | None:
     fig = Figure(figsize=(10, 3.6), layout="constrained")
     ax1, ax2 = fig.subplots(1, 2)
     for m, agg in models.items():
-        ks = sorted(int(k.split("_")[1].split(".")[0]) for k in agg
-                    if k.startswith("prefix_") and k.endswith(".retention_ssdc_out"))  # fmt: skip
+        w = windows_exp
+        ks = [k for k in w.prefix_ks(agg) if w.key(w.prefix_window(k), "retention_ssdc_out") in agg]
         for ax, key, scale in ((ax1, "retention_ssdc_out", 1), (ax2, "accuracy", 100)):
-            v = [_get(agg, f"prefix_{k}.{key}", scale) for k in ks]
+            v = [_get(agg, w.key(w.prefix_window(k), key), scale) for k in ks]
             ax.errorbar(ks, [a for a, _ in v], yerr=[s for _, s in v], fmt="o-", capsize=2, label=m)
             ax.set_xticks(ks)
     ax1.set(xlabel="rotations withheld in blocks 0..k", ylabel="retention",

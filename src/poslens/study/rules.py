@@ -5,7 +5,8 @@ Every rule names the models in which its mechanism is present by design (positiv
 absent by design (negative controls); the study runs them through exactly the same pipeline, and
 a claim's verdict on the study models counts only when the rule detected every positive control
 and rejected every negative one (METHODS.md, "Calibration"). Keys are built with the experiment
-modules' own key functions or their headline's documented names.
+modules' own key builders (never typed or parsed here), and a test runs every experiment a rule
+reads and checks that each key the rule asks for is in the real headline.
 """
 
 from __future__ import annotations
@@ -15,7 +16,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from poslens.experiments import axis_map, position_removal, windows
+from poslens.experiments.heads.result import AXIS_PREFERENCE_RELATIVE, consistency_key
+from poslens.experiments.output import retention_number
 from poslens.experiments.sae_causal.result import key as sae_key
+from poslens.models.config import posenc_family
 
 Values = list[float]  # one number per seed (NaN where a seed lacks it)
 
@@ -26,6 +31,11 @@ class View:
     def __init__(self, model: str, entry: dict[str, Any]) -> None:
         self.model, self.posenc = model, entry["posenc"]
         self.agg, self.runs = entry["aggregate"], entry["runs"]
+        self.missing: set[tuple[str, str]] = set()  # keys asked for of an experiment that ran
+
+    @property
+    def family(self) -> str:
+        return posenc_family(self.posenc)
 
     def has(self, exp: str, key: str) -> bool:
         return exp in self.agg and key in self.agg[exp] and self.agg[exp][key]["n"] > 0
@@ -35,6 +45,8 @@ class View:
         if exp not in self.agg:
             return []
         n = sum(1 for r in self.runs if exp in r["experiments"])
+        if key not in self.agg[exp]:
+            self.missing.add((exp, key))
         vals = self.agg[exp].get(key, {}).get("values", [math.nan] * n)
         return [math.nan if v is None else float(v) for v in vals]
 
@@ -79,48 +91,36 @@ def rope_split_effect(v: View) -> Values:
     the two retentions) minus the larger retention of either axis after as many random planes
     per head are removed; 0 in a seed where fewer than half the planes follow one axis (no split
     to test: the axis map finds the planes oblique)."""
-    e = "position_removal"
+    e, pr = "position_removal", position_removal
     n = v.seeds(e)
-    aligned = v.values("axis_map", "fraction_axis_aligned") or [0.0] * n
-    per_head = v.values("axis_map", "row_planes_per_head") or [math.nan] * n
-    row_kept = v.values(e, "axis_row.retention_probe_fixed_col") or [math.nan] * n
-    col_kept = v.values(e, "axis_col.retention_probe_fixed_row") or [math.nan] * n
+    aligned = v.values("axis_map", axis_map.FRACTION_ALIGNED) or [0.0] * n
+    per_head = v.values("axis_map", axis_map.ROW_PLANES_PER_HEAD) or [math.nan] * n
+
+    def kept(removed: str, other: str) -> Values:
+        number = retention_number("probe_fixed", other)
+        return v.values(e, pr.key(pr.axis_condition(removed), number)) or [math.nan] * n
+
+    row_kept, col_kept = kept("row", "col"), kept("col", "row")
     out = []
     for seed in range(n):
         if not aligned[seed] >= ALIGNED:
             out.append(0.0)
             continue
-        rnd = f"random_{round(per_head[seed])}"
-        rand = [v.values(e, f"{rnd}.retention_probe_fixed_{t}") for t in ("row", "col")]
+        rnd = pr.random_condition(round(per_head[seed]))
+        rand = [v.values(e, pr.key(rnd, retention_number("probe_fixed", t))) for t in ("row", "col")]
         r = max(rand[0][seed], rand[1][seed]) if all(len(c) > seed for c in rand) else math.nan
         out.append(min(row_kept[seed], col_kept[seed]) - r)
     return out
 
 
-def rebuild_window(v: View) -> int | None:
-    """The last withheld block of the rebuilding window: the largest prefix window ending in the
-    first half of the blocks (depth // 2 - 1)."""
-    ks = sorted(
-        int(k.split("_")[1].split(".")[0])
-        for k in v.agg.get("windows", {})
-        if k.startswith("compensation_") and k.endswith(".relative")
-    )
-    suffixes = [k for k in v.agg.get("windows", {}) if k.startswith("suffix_")]
-    if not ks or not suffixes:
-        return None
-    depth = 1 + max(int(k.split("_")[1].split(".")[0]) for k in suffixes)
-    fit = [k for k in ks if k <= depth // 2 - 1]
-    return max(fit) if fit else ks[0]
-
-
 def rebuild_effect(v: View) -> Values:
     """Compensation in correct-class margin: what the blocks after the window add when rotations
     were withheld before them, minus what they add in the intact model, as a share of the
-    intact-minus-floor margin ((prefix - floor) - (intact - suffix)) / (intact - floor)."""
-    k = rebuild_window(v)
-    if k is None:
+    intact-minus-floor margin ((prefix - floor) - (intact - suffix)) / (intact - floor), for the
+    window the experiment reads for this claim (windows.rebuild_window); [] without one."""
+    if not v.has("windows", windows.key(windows.REBUILD, "window")):
         return []
-    return v.values("windows", f"compensation_{k}.relative")
+    return v.values("windows", windows.key(windows.REBUILD, "relative"))
 
 
 def heads_effect(v: View) -> Values:
@@ -128,14 +128,15 @@ def heads_effect(v: View) -> Values:
     scale-free axis-window preference (its share of what the later blocks rebuild after a
     row-only window minus after a column-only window) with its attention's axis specialization
     (+ row); 0 where no preference varies (no head rebuilds anything)."""
-    vals = v.values("heads", "consistency/axis_preference_relative_vs_spec/block_head.pearson")
+    vals = v.values("heads", consistency_key(AXIS_PREFERENCE_RELATIVE, "block_head"))
     return [_nan0(x) for x in vals]
 
 
 def position_effect(v: View) -> Values:
     """Accuracy points lost when every positional signal is removed from the trained weights."""
-    e = "position_removal"
-    return _zip(lambda a, b: a - b, v.values(e, "intact.accuracy"), v.values(e, "floor.accuracy"))
+    e, pr = "position_removal", position_removal
+    intact, floor = (v.values(e, pr.key(c, "accuracy")) for c in (pr.INTACT, pr.FLOOR))
+    return _zip(lambda a, b: a - b, intact, floor)
 
 
 # ------------------------------------------------------------------------------ the rules
@@ -144,11 +145,15 @@ def position_effect(v: View) -> Values:
 @dataclass(frozen=True)
 class Rule:
     """A claim's decision rule: its primary effect per seed must exceed `threshold` (one-sided
-    t-test over seeds); judged on `study` models, calibrated on `positive` and `negative` ones."""
+    t-test over seeds); judged on `study` models, calibrated on `positive` and `negative` ones.
+    `reads`: the experiments its effect reads (the first is its primary one); `family`: the
+    encodings it applies to (models.config.posenc_family, or "any" positional encoding), by which
+    a pretrained model is judged."""
 
     id: str
     title: str
-    experiment: str
+    reads: tuple[str, ...]
+    family: str
     effect: Callable[[View], Values]
     effect_name: str
     threshold: float
@@ -158,12 +163,22 @@ class Rule:
     would_change: str  # what result would have changed the verdict, in one sentence
     by_construction: str  # what holds by construction here, so it is not evidence
 
+    @property
+    def experiment(self) -> str:
+        """The primary experiment: a model that did not run it has nothing to judge."""
+        return self.reads[0]
+
+    def applies_to(self, family: str) -> bool:
+        """Whether a model of this encoding family is judged by this rule."""
+        return family != "none" and self.family in ("any", family)
+
 
 RULES = (
     Rule(
         "ape_explicit_features",
         "APE: position lives in explicit row/column features that are causal",
-        "sae_causal",
+        ("sae_causal",),
+        "additive",
         ape_rowcol_effect,
         "drop toward chance of the intact model's exact probe at the output when the early SAE's "
         "row and column latents are zeroed, beyond matched random latents",
@@ -180,7 +195,8 @@ RULES = (
     Rule(
         "rope_planes_split",
         "RoPE: rotary planes split into row and column parts",
-        "position_removal",
+        ("position_removal", "axis_map"),
+        "rotary",
         rope_split_effect,
         "retention of the other axis's fixed probe after one axis's planes are removed, minus "
         "either axis's retention after as many random planes",
@@ -196,7 +212,8 @@ RULES = (
     Rule(
         "rope_rebuilds",
         "RoPE: later blocks rebuild withheld position",
-        "windows",
+        ("windows",),
+        "rotary",
         rebuild_effect,
         "compensation: what the later blocks add after the withheld window minus what they add in "
         "the intact model, as a share of intact-minus-floor margin",
@@ -212,7 +229,8 @@ RULES = (
     Rule(
         "heads_rebuild",
         "RoPE: axis-specialized heads rebuild position",
-        "heads",
+        ("heads",),
+        "rotary",
         heads_effect,
         "correlation, over the later blocks' heads, of each head's scale-free preference for "
         "rebuilding after a row-only vs a column-only window with its axis specialization",
@@ -228,7 +246,8 @@ RULES = (
     Rule(
         "position_matters",
         "Position matters for accuracy",
-        "position_removal",
+        ("position_removal",),
+        "any",
         position_effect,
         "accuracy lost when every positional signal is removed from the same weights",
         0.10,

@@ -180,7 +180,7 @@ class Heads(Header):
                     self.relative_excess(r) - self.relative_excess(c)
                     for r, c in zip(row_rb, col_rb, strict=True)
                 ]
-                out[f"axis_preference_relative_vs_spec/{kind}"] = correlation(rel, spec)
+                out[f"{AXIS_PREFERENCE_RELATIVE}/{kind}"] = correlation(rel, spec)
         return out
 
     def relative_excess(self, r: Rebuild) -> float:
@@ -274,10 +274,10 @@ class Heads(Header):
                 "top_d_accuracy_intact": top.d_accuracy_intact.mean,
                 "held_out": self._held_out(rows),
             }
-            out[f"rebuilding/{kind}"] = entry
+            out[f"rebuilding/{kind}"] = entry  # rebuilding_key(kind, ...)
         out["any_rebuilder"] = any_rebuilder
         for key, corr in self.consistency().items():
-            out[f"consistency/{key}"] = corr
+            out[f"{CONSISTENCY}/{key}"] = corr
         return out
 
     def top_k_vs_random(self, kind: str) -> list[dict[str, Any]]:
@@ -361,6 +361,22 @@ def _block_head(unit: Unit | Rebuild | ConditionResult) -> tuple[int | None, int
     if isinstance(unit, ConditionResult):
         return unit.meta["block"], unit.meta["head"]
     return unit.block, unit.head
+
+
+# ------------------------------------------------------------------------------ headline keys
+CONSISTENCY = "consistency"
+AXIS_PREFERENCE_RELATIVE = "axis_preference_relative_vs_spec"  # a consistency measure
+
+
+def consistency_key(measure: str, kind: str, stat: str = "pearson") -> str:
+    """The headline key of one consistency correlation (Heads.consistency): `measure` across
+    units of `kind` ("head", "block_head"), statistic `stat` ("pearson", "spearman", "n", ...)."""
+    return f"{CONSISTENCY}/{measure}/{kind}.{stat}"
+
+
+def rebuilding_key(kind: str, number: str) -> str:
+    """The headline key of one rebuilding number of `kind` units (e.g. "held_out.excess")."""
+    return f"rebuilding/{kind}.{number}"
 
 
 def headline(doc: dict[str, Any]) -> Headline:

@@ -1,0 +1,85 @@
+"""The contract between experiments and claims: every key a rule reads exists in the headline of
+the experiment that emits it. Each rule's experiments run on a tiny model of the family the rule
+judges, their headlines aggregate exactly as the study aggregates them, and the rule's effect is
+computed through a View that records every key it asked for and did not find. A condition
+renamed in an experiment (but not in the key builder the rule calls) fails here."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from poslens.data import DataConfig, build_task
+from poslens.experiments import registry
+from poslens.experiments.analyze import analyze
+from poslens.models.vit import ViT
+from poslens.study.aggregate import aggregate
+from poslens.study.rules import RULES, View
+from poslens.study.verdicts import VERDICTS
+from tests.conftest import tiny
+
+DATA = DataConfig(image_size=16, object_scale=0.32, n_val=30, n_test=60)
+SIZES = dict(n_images=60, probe_images=40, batch_size=60)
+SETTINGS = {  # small but complete: every condition a rule compares with is run
+    "sae_causal": dict(sites=("early",), train_images=60, epochs=2, k=8, doses=(2,), draws=1),
+    "windows": dict(axis_windows=False, probe_curves=False, draws=1),
+    "heads": dict(units=("block_head",), cumulative=(1,), rebuild_probes=False, draws=1),
+    "position_removal": dict(draws=1),
+}
+
+
+def models() -> dict[str, ViT]:
+    """One untrained model per family: APE with a planted row + column code (so the SAE finds
+    row and column latents), axial RoPE with four heads of 4 planes per axis."""
+    return {
+        "ape": tiny("ape", num_classes=16, ape_code="rowcol", ape_init_std=1.0),
+        "rope_axial": tiny("rope_axial", num_classes=16, dim=64, heads=4, depth=3),
+    }
+
+
+@pytest.fixture(scope="module")
+def views(tmp_path_factory: pytest.TempPathFactory) -> dict[str, View]:
+    task = build_task(DATA)
+    out = {}
+    for key, model in models().items():
+        rules = [r for r in RULES if r.applies_to(model.cfg.family)]
+        names = list(dict.fromkeys(e for rule in rules for e in rule.reads))
+        cfgs = {n: registry.get(n).Config(**SIZES, **SETTINGS.get(n, {})) for n in names}
+        folder = tmp_path_factory.mktemp(key)
+        records = analyze(model, task, names, list(cfgs.values()), folder, formats=())
+        runs = [{"experiments": {n: r for n, r in records.items() if "skipped" not in r}}]
+        entry = {"posenc": model.cfg.posenc, "aggregate": aggregate(runs, names), "runs": runs}
+        out[key] = View(key, json.loads(json.dumps(entry, default=str)))
+    return out
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda r: r.id)
+def test_every_key_a_rule_reads_is_in_the_real_headline(rule, views: dict[str, View]) -> None:
+    judged = [v for v in views.values() if rule.applies_to(v.family)]
+    assert judged, f"no test model of family {rule.family}"
+    for v in judged:
+        v.missing.clear()
+        values = rule.effect(v)
+        assert v.missing == set(), f"{rule.id} on {v.model} read keys no headline has"
+        assert len(values) == 1  # one seed: one value (NaN allowed: missing ≠ not a number)
+
+
+def test_a_renamed_condition_breaks_the_contract(views: dict[str, View]) -> None:
+    """The check is not vacuous: rename one condition in the aggregate and the rule notices."""
+    v = views["rope_axial"]
+    agg = v.agg["position_removal"]
+    for k in [k for k in agg if k.startswith("axis_row.")]:
+        agg["row_axis." + k.partition(".")[2]] = agg.pop(k)
+    v.missing.clear()
+    next(r for r in RULES if r.id == "rope_planes_split").effect(v)
+    assert ("position_removal", "axis_row.retention_probe_fixed_col") in v.missing
+
+
+def test_verdict_names_are_the_schemas() -> None:
+    schema = json.loads(
+        (Path(__file__).parents[2] / "src/poslens/study/schema.json").read_text()
+    )
+    assert schema["properties"]["claims"]["items"] == {"$ref": "#/$defs/claim"}
+    assert tuple(schema["$defs"]["claim"]["properties"]["verdict"]["enum"]) == VERDICTS
