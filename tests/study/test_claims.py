@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from poslens.experiments import windows as win
 from poslens.metrics.stats import holm, seed_test
 from poslens.study.aggregate import mean_se
 from poslens.study.claims import (
@@ -77,9 +78,13 @@ def split(kept: float | None, rand: float, n: int = SEEDS) -> dict[str, dict[str
 
 
 def windows(relative: float, n: int = SEEDS) -> dict[str, dict[str, list[float]]]:
-    w = {f"suffix_{k}.accuracy": [0.5] * n for k in (1, 2, 3)}  # depth 4: window blocks 0-1
-    w["compensation_1.relative"] = jitter(relative, n)
-    w["compensation_0.relative"] = jitter(-1.0, n)  # not the rule's window
+    """The windows headline of a depth-4 model: the rebuilding window is 0..1 (the headline
+    names it), window 0..0's compensation is not the rule's."""
+    w = {win.key(win.suffix_window(k), "accuracy"): [0.5] * n for k in (1, 2, 3)}
+    w[win.key(win.compensation_of(1), "relative")] = jitter(relative, n)
+    w[win.key(win.compensation_of(0), "relative")] = jitter(-1.0, n)
+    w[win.key(win.REBUILD, "window")] = [1.0] * n
+    w[win.key(win.REBUILD, "relative")] = jitter(relative, n)
     return {"windows": w}
 
 
@@ -164,9 +169,15 @@ def test_rebuilding_needs_compensation_beyond_the_ordinary_contribution() -> Non
     ms = models(rope_axial=windows(0.3), rope_mixed=windows(0.25), rope_rebuild=windows(0.5),
                 rope_early=windows(0.0))  # fmt: skip
     c = claim(evaluate_claims(ms), "rope_rebuilds")
-    assert c["verdict"] == SUPPORTED  # window 0..1 read, not window 0..0 (-1.0)
+    assert c["verdict"] == SUPPORTED  # the headline's rebuild window (0..1), not 0..0 (-1.0)
     ms["rope_axial"] = entry("rope_axial", windows(0.0))
     assert claim(evaluate_claims(ms), "rope_rebuilds")["verdict"] == NOT_SUPPORTED
+
+
+def test_the_rebuilding_window_is_the_last_in_the_first_half_of_the_blocks() -> None:
+    assert win.rebuild_window([0, 1], depth=4) == 1 and win.rebuild_window([0, 1, 2], 4) == 1
+    assert win.rebuild_window([2, 3], depth=4) == 2  # none fits: the smallest
+    assert win.rebuild_window([], depth=4) is None and win.rebuild_window([0], depth=1) is None
 
 
 def test_heads_claim_reads_the_scale_free_axis_preference() -> None:
