@@ -359,16 +359,20 @@ def hf_synsets(num_classes: int) -> list[str] | None:
 
 # PIL's resampling filter numbers (PILImageResampling) as Preprocess interpolation names
 _RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
-# the image processors' defaults (ViTImageProcessor, DeiTImageProcessor) for absent fields
-_PROCESSOR_DEFAULTS: dict[str, dict[str, Any]] = {
-    "vit": {"size": {"height": 224, "width": 224}, "resample": 2, "do_center_crop": False},
-    "deit": {
-        "size": {"height": 256, "width": 256},
+
+
+def _processor_defaults(model_type: str, image_size: int) -> dict[str, Any]:
+    """ViTImageProcessor's / DeiTImageProcessor's defaults for fields a folder leaves out, at the
+    model's input side (at 224: squash to 224; DeiT squash to 256, then centre crop 224)."""
+    if model_type == "vit":
+        return {"size": {"height": image_size, "width": image_size}, "resample": 2}
+    side = math.floor(image_size / 0.875)
+    return {
+        "size": {"height": side, "width": side},
         "resample": 3,
         "do_center_crop": True,
-        "crop_size": {"height": 224, "width": 224},
-    },
-}
+        "crop_size": {"height": image_size, "width": image_size},
+    }
 
 
 def _side(v: Any, what: str, where: Path) -> tuple[int, bool]:
@@ -385,7 +389,7 @@ def _side(v: Any, what: str, where: Path) -> tuple[int, bool]:
 
 def hf_preprocess(folder: str | Path, image_size: int) -> Any:
     """The eval preprocessing of an HF folder (preprocessor_config.json, else the image
-    processor's defaults) as a poslens Preprocess: resize (squash to a square, or the shorter side),
+    processor's defaults at the model's side `image_size`) as a poslens Preprocess: resize (squash to a square, or the shorter side),
     optional centre crop with HF's floor offsets, x / 255, normalise. This is the PIL image
     processor (ViTImageProcessorPil); the torchvision "fast" one resizes slightly differently."""
     from poslens.data.preprocess import Preprocess
@@ -402,7 +406,7 @@ def hf_preprocess(folder: str | Path, image_size: int) -> Any:
     kind = str(doc.get("image_processor_type") or doc.get("feature_extractor_type") or "ViT")
     if not kind.startswith(("ViT", "DeiT")):
         raise DataError(f"{where}: image processor {kind} is not supported (ViT, DeiT)")
-    p = {**_PROCESSOR_DEFAULTS[model_type], **doc}
+    p = {**_processor_defaults(model_type, image_size), **doc}
     if not p.get("do_resize", True) or not p.get("do_rescale", True):
         raise DataError(
             f"{where}: poslens needs do_resize and do_rescale (uint8 images in, resized)"
