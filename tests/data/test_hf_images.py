@@ -119,3 +119,15 @@ def test_class_folders_named_by_id2label(tmp_path: Path) -> None:
             _class_folders(tmp_path / "zoo", ["emu", "yak"]), f"hf:{model_dir}", model
         )
     assert "or the model's label name (id2label)" in str(e.value)
+
+
+def test_legacy_feature_extractor_config(tmp_path: Path) -> None:
+    """google/vit-base-patch16-224's preprocessor_config.json (160 bytes, ViTFeatureExtractor with
+    an int size) is the ViT default processor."""
+    legacy = {
+        "do_normalize": True, "do_resize": True, "feature_extractor_type": "ViTFeatureExtractor",
+        "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "resample": 2, "size": 224,
+    }  # fmt: skip
+    root = folder(tmp_path / "legacy", "vit", None)
+    (root / "preprocessor_config.json").write_text(json.dumps(legacy))
+    assert hf_preprocess(root, 224) == hf_preprocess(folder(tmp_path / "none", "vit", None), 224)
