@@ -109,10 +109,10 @@ def weights_file(folder: str | Path) -> Path:
         return path
     if (folder / (WEIGHTS + ".index.json")).is_file():
         raise _unsupported(folder, "sharded weights (model.safetensors.index.json)")
-    for pickle in ("pytorch_model.bin", "tf_model.h5", "flax_model.msgpack"):
-        if (folder / pickle).is_file():
+    for other in ("pytorch_model.bin", "tf_model.h5", "flax_model.msgpack"):
+        if (folder / other).is_file():
             raise CheckpointError(
-                f"hf:{folder} holds {pickle} but no {WEIGHTS}; poslens reads safetensors only "
+                f"hf:{folder} holds {other} but no {WEIGHTS}; poslens reads safetensors only "
                 "(resave with save_pretrained(DIR, safe_serialization=True))"
             )
     raise CheckpointError(f"hf:{folder}: weights file {path} not found")
