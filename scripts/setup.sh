@@ -4,6 +4,7 @@
 #   bash scripts/setup.sh --timm   adds timm (needs torchvision: torch 2.14.1 + torchvision 0.29.1)
 #                                  and datasets (the [hf] extra: Hugging Face dataset directories)
 #                                  and submitit (the [slurm] extra: study --executor slurm)
+#                                  and transformers (the [transformers] extra: hf:DIR parity tests)
 # On these machines both torch releases lie on local disk; elsewhere pip fetches them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,7 +20,7 @@ have() { "$VENV/bin/python" -c "import $1" >/dev/null 2>&1; }
 if [ $want_timm = 1 ]; then
   # torchvision must come from the same release pair as torch, installed in one command, before timm
   if ! have torchvision; then pip install torch==2.14.1 torchvision==0.29.1; fi
-  pip install -e '.[timm,hf,slurm,dev,animals]'
+  pip install -e '.[timm,hf,slurm,transformers,dev,animals]'
 else
   if ! have torch; then pip install torch==2.13.0; fi
   pip install -e '.[dev,animals]'

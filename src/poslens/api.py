@@ -45,6 +45,8 @@ def load(
     `spec` may also be the model.safetensors file itself; `weights` overrides the weights file.
     `spec` "timm:NAME" converts timm model NAME with weights from a local .safetensors file
     (`weights=PATH`) or timm's pretrained download (`weights="hub"`); needs the [timm] extra.
+    `spec` "hf:DIR" converts a local Hugging Face transformers ViT / DeiT folder (config.json +
+    model.safetensors; `weights` overrides the latter); needs no extra (models/hf_convert.py).
     The weights must match config.json (their stored model fingerprint) and come from a
     finished training run (checkpoint_status) unless `allow_unfinished`.
     """
@@ -59,6 +61,12 @@ def load(
                 f"{spec} needs weights: a local .safetensors file, or 'hub' to download them"
             )
         return load_timm(name, weights, device=device)
+    if isinstance(spec, str) and spec.startswith("hf:"):
+        from poslens.models.hf_convert import load_hf
+
+        if not spec[len("hf:") :]:
+            raise UserError("hf: spec needs a folder, e.g. hf:vit-base-patch16-224")
+        return load_hf(spec[len("hf:") :], weights, device=device)
     path = Path(spec)
     if not path.exists():
         raise CheckpointError(f"checkpoint not found: {path}")
@@ -157,7 +165,8 @@ TASK_SHAPE = (
 
 def load_images(path: str | Path, spec: str, model: ViT, seed: int = 0) -> Task:
     """Images for pretrained model `spec` ("timm:NAME"), preprocessed with its timm pretrained
-    config and labelled in `model`'s class order, halved (seeded) into val and test.
+    config and labelled in `model`'s class order, halved (seeded) into val and test. For "hf:DIR"
+    the preprocessing is DIR's image processor's and class folders may also be id2label names.
 
     `path` is an ImageNet-style folder (one subfolder per class) or a Hugging Face `datasets`
     directory from save_to_disk (needs the [hf] extra); for a DatasetDict, "DIR::SPLIT" picks the
@@ -167,15 +176,26 @@ def load_images(path: str | Path, spec: str, model: ViT, seed: int = 0) -> Task:
     from poslens.data.hf import PretrainedHFTask, is_hf_dataset
     from poslens.data.preprocess import imagenet_synsets, timm_preprocess
 
-    if not (isinstance(spec, str) and spec.startswith("timm:")):
-        raise UserError(f"images with pretrained preprocessing need a timm:NAME model, got {spec}")
+    hf = isinstance(spec, str) and spec.startswith("hf:")
+    if not (hf or (isinstance(spec, str) and spec.startswith("timm:"))):
+        raise UserError(
+            f"images with pretrained preprocessing need a timm:NAME or hf:DIR model, got {spec}"
+        )
     if model.cfg.in_chans != 3:
         raise UserError(f"{spec} takes {model.cfg.in_chans} input channels; images are read as RGB")
-    preprocess = timm_preprocess(spec[len("timm:") :], model.cfg.image_size)
     n = model.cfg.num_classes
+    labels = None
+    if hf:
+        from poslens.models.hf_convert import hf_labels, hf_preprocess, hf_synsets
+
+        preprocess = hf_preprocess(spec[len("hf:") :], model.cfg.image_size)
+        labels, synsets = hf_labels(spec[len("hf:") :], n), hf_synsets(n)
+    else:
+        preprocess = timm_preprocess(spec[len("timm:") :], model.cfg.image_size)
+        synsets = imagenet_synsets(n)
     if is_hf_dataset(path):
-        return PretrainedHFTask(path, preprocess, n, imagenet_synsets(n), seed=seed)
-    return PretrainedFolderTask(path, preprocess, n, imagenet_synsets(n), seed=seed)
+        return PretrainedHFTask(path, preprocess, n, synsets, seed=seed, labels=labels)
+    return PretrainedFolderTask(path, preprocess, n, synsets, seed=seed, labels=labels)
 
 
 __all__ = ["CheckpointStatus", "checkpoint_status", "data_metadata", "load", "load_images",

@@ -104,7 +104,8 @@ def cmd_info(args: argparse.Namespace) -> int:
     spec = args.model or args.checkpoint
     if spec is None or (args.model and args.checkpoint):
         raise UserError(
-            "poslens info takes a checkpoint folder or --model timm:NAME --weights PATH"
+            "poslens info takes a checkpoint folder, --model timm:NAME --weights PATH or "
+            "--model hf:DIR"
         )
     model = poslens.load(spec, weights=args.weights, allow_unfinished=args.allow_unfinished)
     cfg = model.cfg
@@ -191,9 +192,13 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         source = {"model": args.model, "weights": str(args.weights), "data": str(args.data)}
     else:
         if args.checkpoint is None:
-            raise UserError("poslens analyze needs a checkpoint folder or --model timm:NAME")
+            raise UserError(
+                "poslens analyze needs a checkpoint folder or --model timm:NAME or hf:DIR"
+            )
         if args.data is not None or args.weights is not None:
-            raise UserError("--data and --weights go with --model timm:NAME, not a checkpoint")
+            raise UserError(
+                "--data and --weights go with --model timm:NAME or hf:DIR, not a checkpoint"
+            )
         model = poslens.load(args.checkpoint, device=device, allow_unfinished=args.allow_unfinished)
         data = poslens.load_task(args.checkpoint)
         source = {"checkpoint": str(args.checkpoint)}

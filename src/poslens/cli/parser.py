@@ -79,14 +79,21 @@ def build_parser(prog: str = "poslens") -> argparse.ArgumentParser:
 
     a = sub.add_parser("analyze", help="run position experiments on a checkpoint")
     a.add_argument("checkpoint", nargs="?", help="poslens checkpoint folder")
-    a.add_argument("--model", help="timm:NAME, a pretrained timm ViT converted to poslens")
     a.add_argument(
-        "--weights", help="with --model: a .safetensors file, or 'hub' (timm's download)"
+        "--model",
+        help="timm:NAME (a pretrained timm ViT) or hf:DIR (a Hugging Face ViT / DeiT folder), "
+        "converted to poslens",
+    )
+    a.add_argument(
+        "--weights",
+        help="with --model timm:NAME: a .safetensors file, or 'hub' (timm's download); with "
+        "hf:DIR: a .safetensors file instead of DIR/model.safetensors",
     )
     a.add_argument(
         "--data",
         help="with --model: image folder, one subfolder per class (class index, ImageNet synset "
-        "id, or all classes in order), preprocessed as the checkpoint's timm config says",
+        "id, hf:DIR's id2label name, or all classes in order), preprocessed as the checkpoint's timm "
+        "config or HF image processor says",
     )
     a.add_argument(
         "--experiments",
@@ -162,9 +169,10 @@ def build_parser(prog: str = "poslens") -> argparse.ArgumentParser:
     sy.add_argument(
         "--pretrained",
         action="append",
-        metavar="timm:NAME=WEIGHTS",
+        metavar="timm:NAME=WEIGHTS|hf:DIR",
         help="study a pretrained timm model instead of training (repeat for several); WEIGHTS "
-        "is a .safetensors file or hub; seeds become analysis seeds",
+        "is a .safetensors file or hub; or hf:DIR, a Hugging Face ViT / DeiT folder; seeds "
+        "become analysis seeds",
     )
     sy.add_argument(
         "--data",
@@ -223,9 +231,15 @@ def build_parser(prog: str = "poslens") -> argparse.ArgumentParser:
 
     i = sub.add_parser("info", help="describe a checkpoint")
     i.add_argument("checkpoint", nargs="?", help="poslens checkpoint folder")
-    i.add_argument("--model", help="timm:NAME, a pretrained timm ViT converted to poslens")
     i.add_argument(
-        "--weights", help="weights: a .safetensors file, or 'hub' (timm's download) for timm:NAME"
+        "--model",
+        help="timm:NAME (a pretrained timm ViT) or hf:DIR (a Hugging Face ViT / DeiT folder), "
+        "converted to poslens",
+    )
+    i.add_argument(
+        "--weights",
+        help="weights: a .safetensors file, or 'hub' (timm's download) for timm:NAME; for "
+        "hf:DIR, instead of DIR/model.safetensors",
     )
     i.add_argument("--hooks", action="store_true", help="list every hook point name")
     i.add_argument(

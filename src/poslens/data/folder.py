@@ -121,13 +121,15 @@ def class_indices(
     num_classes: int,
     synsets: Sequence[str] | None = None,
     kind: str = "class folders",
+    labels: Sequence[str] | None = None,
 ) -> list[int]:
     """The model's output index for each class folder name (or ClassLabel name: `kind` says which
     in the error).
 
-    Folder names that are all class indices ("0".."999") or all ImageNet synset ids ("n01440764",
-    with `synsets` in the model's class order) map by name; otherwise exactly num_classes folders
-    map in sorted order (ImageFolder's rule). Anything else cannot be matched: DataError.
+    Folder names that are all class indices ("0".."999"), all ImageNet synset ids ("n01440764",
+    with `synsets` in the model's class order) or all the model's own label names (`labels` in
+    class order: a Hugging Face checkpoint's id2label) map by name; otherwise exactly num_classes
+    folders map in sorted order (ImageFolder's rule). Anything else cannot be matched: DataError.
     """
     if num_classes < 1:
         raise DataError("the model has no classifier head (num_classes=0); cannot label images")
@@ -139,12 +141,17 @@ def class_indices(
         lookup = {wnid: k for k, wnid in enumerate(synsets)}
         if all(n in lookup for n in names):
             return [lookup[n] for n in names]
+    if labels is not None and len(set(labels)) == len(labels) == num_classes:
+        by_label = {label: k for k, label in enumerate(labels)}
+        if all(n in by_label for n in names):
+            return [by_label[n] for n in names]
     if len(names) == num_classes:
         return list(range(num_classes))
     raise DataError(
         f"{len(names)} {kind} cannot be matched to the model's {num_classes} classes: "
         f"name them by class index (0..{num_classes - 1})"
         + (" or ImageNet synset id" if synsets is not None else "")
+        + (" or the model's label name (id2label)" if labels is not None else "")
         + f", or give all {num_classes}"
     )
 
@@ -215,13 +222,15 @@ class PretrainedFolderTask(PretrainedImages):
         num_classes: int,
         synsets: Sequence[str] | None = None,
         seed: int = 0,
+        labels: Sequence[str] | None = None,
     ) -> None:
+        """`labels`: the model's class names in class order (an HF checkpoint's id2label)."""
         self.root = Path(root)
         classes = list_classes(self.root, min_classes=1)
         if num_classes == 0:  # a backbone without classifier (DINOv3): images only, labels -1
             mapped = [UNLABELLED] * len(classes)
         else:
-            mapped = class_indices([n for n, _ in classes], num_classes, synsets)
+            mapped = class_indices([n for n, _ in classes], num_classes, synsets, labels=labels)
         self.files = [f for _, class_files in classes for f in class_files]
         labels = [k for k, (_, fs) in zip(mapped, classes, strict=True) for _ in fs]
         names = {k: folder for (folder, _), k in zip(classes, mapped, strict=True) if k >= 0}

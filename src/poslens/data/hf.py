@@ -165,7 +165,9 @@ class PretrainedHFTask(PretrainedImages):
         num_classes: int,
         synsets: Sequence[str] | None = None,
         seed: int = 0,
+        labels: Sequence[str] | None = None,
     ) -> None:
+        """`labels`: the model's class names in class order (an HF checkpoint's id2label)."""
         datasets = import_datasets()
         ds, self.source = load_split(path)
         where = f"Hugging Face dataset {self.source}"
@@ -193,7 +195,9 @@ class PretrainedHFTask(PretrainedImages):
         if isinstance(feature, datasets.ClassLabel):
             label_names = list(feature.names)
             try:
-                mapped = class_indices(label_names, num_classes, synsets, kind="ClassLabel names")
+                mapped = class_indices(
+                    label_names, num_classes, synsets, kind="ClassLabel names", labels=labels
+                )
             except DataError as e:
                 raise DataError(f"{where}: {e}") from None
             names = dict(zip(mapped, label_names, strict=True))

@@ -42,7 +42,8 @@ def decode_rgb(source: Path | BinaryIO, name: str) -> Image.Image:
 @dataclass(frozen=True)
 class Preprocess:
     """timm's eval transform for a pretrained checkpoint (transforms_imagenet_eval): resize to
-    floor(image_size / crop_pct), centre-crop image_size, scale to [0, 1], normalise per channel."""
+    floor(image_size / crop_pct), centre-crop image_size, scale to [0, 1], normalise per channel.
+    Hugging Face's ViT / DeiT image processors are the same steps (models/hf_convert.py)."""
 
     image_size: int
     crop_pct: float = 0.875
@@ -50,6 +51,9 @@ class Preprocess:
     interpolation: str = "bicubic"
     mean: tuple[float, float, float] = (0.485, 0.456, 0.406)
     std: tuple[float, float, float] = (0.229, 0.224, 0.225)
+    # where the centre crop starts when the margin is odd: "round" as torchvision (timm), "floor"
+    # as Hugging Face's image processors (center_crop: (h - s) // 2)
+    crop_offset: str = "round"
 
     @classmethod
     def from_timm(cls, data_config: Mapping[str, object], image_size: int) -> Preprocess:
@@ -84,7 +88,10 @@ class Preprocess:
             image = image.resize(size, _RESAMPLE[self.interpolation])
         w, h = image.size
         s = self.image_size
-        top, left = round((h - s) / 2.0), round((w - s) / 2.0)  # as torchvision
+        if self.crop_offset == "floor":  # as Hugging Face
+            top, left = (h - s) // 2, (w - s) // 2
+        else:  # as torchvision
+            top, left = round((h - s) / 2.0), round((w - s) / 2.0)
         pixels = np.asarray(image.crop((left, top, left + s, top + s)), dtype=np.uint8)
         return np.ascontiguousarray(pixels.transpose(2, 0, 1))  # HWC -> CHW
 

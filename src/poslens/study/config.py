@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from poslens._config import ANALYSIS_PRECISIONS, experiment_sets, one_of, positive_int
@@ -56,8 +57,9 @@ class StudyConfig:
     # a name is a study model or an encoding (so "sae_causal=ape" covers a pretrained APE ViT)
     only: tuple[str, ...] = ()
     # Pretrained models studied instead of trained ones: "timm:NAME=WEIGHTS" (a local .safetensors
-    # file, or "hub"). `images` is then their image folder and `seeds` are analysis seeds: the
-    # image subset, RPI permutation and random draws change with the seed, the weights do not.
+    # file, or "hub") or "hf:DIR" (a Hugging Face ViT / DeiT folder, studied as DIR's last name).
+    # `images` is then their image folder and `seeds` are analysis seeds: the image subset, RPI
+    # permutation and random draws change with the seed, the weights do not.
     pretrained: tuple[str, ...] = ()
     images: str = ""
 
@@ -150,13 +152,19 @@ def _model_prefix(item: str) -> str | None:
 
 
 def parse_pretrained(item: str) -> tuple[str, str, str]:
-    """ "timm:NAME=WEIGHTS" -> (NAME, "timm:NAME", WEIGHTS); ConfigError naming the field."""
+    """ "timm:NAME=WEIGHTS" -> (NAME, "timm:NAME", WEIGHTS); "hf:DIR" (a Hugging Face folder)
+    -> (DIR's last name, "hf:DIR", DIR/model.safetensors); ConfigError naming the field."""
+    if item.startswith("hf:"):
+        folder = Path(item[len("hf:") :])
+        if not folder.name:
+            raise ConfigError(f"study.pretrained entry {item!r}: hf:DIR needs a folder name")
+        return folder.name, item, str(folder / "model.safetensors")
     spec, eq, weights = item.partition("=")
     name = spec[len("timm:") :] if spec.startswith("timm:") else ""
     if not eq or not name or not weights:
         raise ConfigError(
-            f"study.pretrained entries look like timm:NAME=WEIGHTS (a .safetensors file or hub); "
-            f"got {item!r}"
+            f"study.pretrained entries look like timm:NAME=WEIGHTS (a .safetensors file or hub) "
+            f"or hf:DIR; got {item!r}"
         )
     return name, spec, weights
 
