@@ -133,7 +133,11 @@ def conditions(model: ViT, cfg: Config) -> list[tuple[str, Condition, dict[str, 
                     (axis_condition(axis), planes_off(mask), {"kind": "axis", "planes": int(mask.sum())})
                 )
         P = num_planes(model)
-        for n in (n for n in cfg.n_planes if n <= P):
+        # as many random planes per head as one axis has, whatever cfg.n_planes lists: the split
+        # rule compares each axis with exactly that count (16 at head dim 64)
+        per_axis = round(int((amap.axis == "row").sum()) / (model.cfg.depth * model.cfg.heads))
+        own = {per_axis} if 0 < per_axis <= P else set()
+        for n in sorted({n for n in cfg.n_planes if n <= P} | own):
             out.append(
                 (
                     f"top_{n}",

@@ -128,9 +128,11 @@ def row_col_share(table: torch.Tensor) -> dict[str, float]:
 
 @dataclass(frozen=True)
 class SeedTest:
-    """One effect over training seeds against a threshold: mean, two-sided 95% t-interval, and
-    the one-sided p-value of "the effect exceeds the threshold" (t-test with n - 1 degrees of
-    freedom; with no spread, 0 or 1 by the sign of mean - threshold)."""
+    """One effect over seeds against a threshold: mean, two-sided 95% t-interval, the one-sided
+    p-value of "the effect exceeds the threshold" (t-test, n - 1 degrees of freedom) and the
+    one-sided (1 - alpha) bounds that go with that test. Values are the measured seeds only
+    (`missing` counts the others). With no spread (every value equal) there is no t-test: p,
+    the interval and the bounds are NaN and `no_spread` says so, never 0 or 1 by accident."""
 
     values: tuple[float, ...]
     threshold: float
@@ -138,39 +140,49 @@ class SeedTest:
     ci_low: float
     ci_high: float
     p: float
+    lower: float = math.nan  # one-sided lower bound: the effect is at least this (1 - alpha)
+    upper: float = math.nan  # one-sided upper bound: the effect is at most this (1 - alpha)
+    missing: int = 0  # seeds whose value was not measured (NaN)
 
     @property
     def n(self) -> int:
         return len(self.values)
 
+    @property
+    def no_spread(self) -> bool:
+        return self.n >= 2 and max(self.values) == min(self.values)
 
-def seed_test(values: Sequence[float], threshold: float) -> SeedTest:
-    """SeedTest of per-seed effects (NaNs dropped; fewer than 2 values give p = 1, NaN interval)."""
+
+def seed_test(values: Sequence[float], threshold: float, alpha: float = 0.05) -> SeedTest:
+    """SeedTest of per-seed effects; NaNs are seeds that were not measured (counted in
+    `missing`, never read as a value). Fewer than 2 values or no spread: p NaN, no interval."""
     from scipy import stats as st
 
     v = np.array([x for x in values if math.isfinite(x)], dtype=np.float64)
-    n = len(v)
+    n, missing = len(v), len(values) - len(v)
+    nan = math.nan
     if n == 0:
-        return SeedTest((), threshold, math.nan, math.nan, math.nan, 1.0)
+        return SeedTest((), threshold, nan, nan, nan, nan, missing=missing)
     mean = float(v.mean())
-    if n == 1:
-        return SeedTest(tuple(v.tolist()), threshold, mean, math.nan, math.nan, 1.0)
-    se = float(v.std(ddof=1) / math.sqrt(n))
+    se = float(v.std(ddof=1) / math.sqrt(n)) if n > 1 else 0.0
+    if n == 1 or se == 0:
+        return SeedTest(tuple(v.tolist()), threshold, mean, nan, nan, nan, missing=missing)
     half = float(st.t.ppf(0.975, n - 1)) * se
-    if se == 0:
-        p = 0.0 if mean > threshold else 1.0
-    else:
-        p = float(st.t.sf((mean - threshold) / se, n - 1))
-    return SeedTest(tuple(v.tolist()), threshold, mean, mean - half, mean + half, p)
+    one = float(st.t.ppf(1 - alpha, n - 1)) * se
+    p = float(st.t.sf((mean - threshold) / se, n - 1))
+    return SeedTest(tuple(v.tolist()), threshold, mean, mean - half, mean + half, p,
+                    mean - one, mean + one, missing)  # fmt: skip
 
 
 def holm(p: Sequence[float]) -> list[float]:
-    """Holm-Bonferroni adjusted p-values (step-down, monotone, capped at 1), in input order."""
-    order = np.argsort(p, kind="stable")
-    m = len(p)
-    adjusted = np.empty(m)
+    """Holm-Bonferroni adjusted p-values (step-down, monotone, capped at 1), in input order. A
+    NaN p-value (a test that could not be made) stays NaN and is not counted in the family."""
+    adjusted = [math.nan] * len(p)
+    real = [i for i, x in enumerate(p) if math.isfinite(x)]
+    order = sorted(real, key=lambda i: p[i])
+    m = len(real)
     running = 0.0
     for rank, i in enumerate(order):
         running = max(running, min(1.0, (m - rank) * float(p[i])))
         adjusted[i] = running
-    return adjusted.tolist()
+    return adjusted

@@ -117,6 +117,26 @@ def verdict_counts(results: Mapping[str, Any]) -> dict[str, int]:
     return counts
 
 
+def verdict_label(cl: Mapping[str, Any]) -> str:
+    """The verdict as printed: 'inconclusive (no power)' where the claim names a qualifier."""
+    v = cl.get("verdict")
+    text = "no verdict" if v is None else str(v)
+    return f"{text} ({cl['qualifier']})" if cl.get("qualifier") else text
+
+
+def measured_cell(cl: Mapping[str, Any]) -> str:
+    """Per study model, its measured seeds of those run: 'ape 4 of 5, rope_axial 5 of 5'
+    (results without that record list the models)."""
+    measured = cl.get("measured")
+    if not isinstance(measured, Mapping) or not measured:
+        return fmt_value(cl.get("models"))
+    return ", ".join(
+        f"{m} {fmt_value(x.get('measured'))} of {fmt_value(x.get('seeds'))}"
+        for m, x in measured.items()
+        if isinstance(x, Mapping)
+    )
+
+
 def claim_sections(cl: Mapping[str, Any]) -> list[tuple[str, list[str]]]:
     """A claim's detail as (heading, lines): the primary test per study model, the calibration
     on controls, the caveats, what would change the verdict and the reference check."""
@@ -155,20 +175,24 @@ def calibration_rows(results: Mapping[str, Any]) -> list[list[str]]:
     for cl in results.get("claims") or []:
         for ctrl in (cl.get("calibration") or {}).get("controls") or []:
             t = ctrl.get("test") or {}
-            ci = t.get("ci") or [None, None]
+            bound = t.get("lower") if "lower" in t else (t.get("ci") or [None])[0]
+            seeds = fmt_value(t.get("n"))
+            if t.get("seeds") is not None:
+                seeds += f" of {fmt_value(t.get('seeds'))}"
+            detected = "yes" if ctrl.get("detected") else "no"
+            if ctrl.get("measured") is False:
+                detected = "not measured"
             rows.append([
                 str(cl.get("title", cl.get("id", ""))), str(ctrl.get("model")),
-                str(ctrl.get("role")),
-                f"{fmt_value(t.get('mean'))} [{fmt_value(ci[0])}, {fmt_value(ci[1])}]",
-                fmt_value(t.get("n")), fmt_value(ctrl.get("seeds_above_threshold")),
-                "yes" if ctrl.get("detected") else "no",
+                str(ctrl.get("role")), f"{fmt_value(t.get('mean'))} (>= {fmt_value(bound)})",
+                seeds, fmt_value(ctrl.get("seeds_above_threshold")), detected,
                 "yes" if ctrl.get("as_designed") else "NO",
             ])  # fmt: skip
     return rows
 
 
-CALIBRATION_HEAD = ["Claim", "Control", "Role", "Effect [95% CI]", "Seeds", "Seeds above threshold",
-                    "Detected", "As designed"]  # fmt: skip
+CALIBRATION_HEAD = ["Claim", "Control", "Role", "Effect (one-sided 95% lower bound)",
+                    "Seeds measured", "Seeds above threshold", "Detected", "As designed"]  # fmt: skip
 
 
 def _reused_note(results: Mapping[str, Any]) -> str:

@@ -82,9 +82,10 @@ def _kv_table(rows: list[tuple[str, str]]) -> str:
     return f"<table><tbody>{body}</tbody></table>"
 
 
-def badge(verdict: Any) -> str:
-    """The verdict as a coloured label whose text is always the verdict itself."""
-    v = "no verdict" if verdict is None else str(verdict)
+def badge(verdict: Any, label: str | None = None) -> str:
+    """The verdict as a coloured label whose text is the verdict itself (or `label`, the verdict
+    with its qualifier)."""
+    v = label or ("no verdict" if verdict is None else str(verdict))
     return f'<span class="verdict v-{c.verdict_class(verdict)}">{esc(v)}</span>'
 
 
@@ -104,22 +105,22 @@ def _claims(results: Mapping[str, Any]) -> str:
         return "".join(out)
     out.append(
         '<table class="claims"><thead><tr><th>Claim</th><th>Verdict</th><th>Summary</th>'
-        "<th>Models</th><th>Seeds</th></tr></thead><tbody>"
+        "<th>Measured seeds per model</th></tr></thead><tbody>"
     )
     for i, cl in enumerate(claims):
         anchor = f"claim-{c.slug(cl.get('id', i))}"
         out.append(
             f'<tr><td><a href="#{esc(anchor)}">{esc(cl.get("title", cl.get("id", "")))}</a></td>'
-            f"<td>{badge(cl.get('verdict'))}</td><td>{esc(cl.get('summary', ''))}</td>"
-            f"<td>{esc(c.fmt_value(cl.get('models')))}</td>"
-            f'<td class="num">{esc(c.fmt_value(cl.get("seeds")))}</td></tr>'
+            f"<td>{badge(cl.get('verdict'), c.verdict_label(cl))}</td>"
+            f"<td>{esc(cl.get('summary', ''))}</td><td>{esc(c.measured_cell(cl))}</td></tr>"
         )
     out.append("</tbody></table>")
     for i, cl in enumerate(claims):
         anchor = f"claim-{c.slug(cl.get('id', i))}"
         out.append(
             f'<article class="claim" id="{esc(anchor)}">'
-            f"<h3>{esc(cl.get('title', cl.get('id', '')))} {badge(cl.get('verdict'))}</h3>"
+            f"<h3>{esc(cl.get('title', cl.get('id', '')))} "
+            f"{badge(cl.get('verdict'), c.verdict_label(cl))}</h3>"
             f"<p>{esc(cl.get('summary', ''))}</p>"
             + "".join(_list(title, lines) for title, lines in c.claim_sections(cl))
             + "</article>"

@@ -47,16 +47,15 @@ def _claims(results: Mapping[str, Any]) -> list[str]:
     rows = [
         [
             cl.get("title", cl.get("id", "")),
-            f"**{cl.get('verdict') or 'no verdict'}**",
+            f"**{c.verdict_label(cl)}**",
             cl.get("summary", ""),
-            c.fmt_value(cl.get("models")),
-            c.fmt_value(cl.get("seeds")),
+            c.measured_cell(cl),
         ]
         for cl in claims
     ]
-    out += table(["Claim", "Verdict", "Summary", "Models", "Seeds"], rows)
+    out += table(["Claim", "Verdict", "Summary", "Measured seeds per model"], rows)
     for cl in claims:
-        out += [f"### {md(cl.get('title', cl.get('id', '')))}: {md(cl.get('verdict'))}", ""]
+        out += [f"### {md(cl.get('title', cl.get('id', '')))}: {md(c.verdict_label(cl))}", ""]
         out += [md(cl.get("summary", "")), ""]
         for title, lines in c.claim_sections(cl):
             out += _bullets(title, lines)

@@ -1,21 +1,30 @@
 """The original study's claims, each decided by a calibrated rule (study/rules.py).
 
-Per claim: the primary effect per training seed on each study model, its 95% t-interval over
-seeds and one-sided p-value against the rule's threshold, Holm-corrected across every claim's
-primary tests; the same rule on the calibration models (mechanism present / absent by design).
-A verdict needs at least MIN_SEEDS seeds per model and a rule that detected every positive
-control and rejected every negative one; otherwise it says why not.
+Per claim: the primary effect per seed on each study model, measured or missing with its reason
+(never a stand-in 0), the one-sided t-test of "the effect exceeds the rule's threshold" over the
+measured seeds with its one-sided 95% bounds, and the same rule on the calibration models
+(mechanism present / absent by design). Study models and controls are one Holm family, judged
+at the same level. The verdict, in order:
+
+- inconclusive: a model with fewer than MIN_SEEDS measured seeds (which seeds, and why), a test
+  with no spread, or a rule whose controls were not all measured;
+- instrument failed calibration: a measured control did not come out as designed;
+- supported: every study model's effect exceeds the threshold (Holm-corrected);
+- not supported: a study model's one-sided upper bound lies below the smallest effect the rule
+  is known to detect (the smaller of the threshold and the positive controls' lower bounds);
+- otherwise inconclusive (no power), with the numbers.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from poslens.metrics.stats import SeedTest, holm, seed_test
 from poslens.study.config import StudyConfig
 from poslens.study.reference import reference_check
-from poslens.study.rules import RULES, Rule, View
+from poslens.study.rules import RULES, Effect, Rule, View
 from poslens.study.verdicts import (
     FAILED_CALIBRATION,
     INCONCLUSIVE,
@@ -24,8 +33,9 @@ from poslens.study.verdicts import (
     VERDICTS,
 )
 
-MIN_SEEDS = 5  # a verdict (and a calibration result) needs at least this many training seeds
+MIN_SEEDS = 5  # a verdict (and a calibration result) needs at least this many measured seeds
 ALPHA = 0.05
+NO_POWER = "no power"  # the qualifier of an inconclusive verdict whose interval is too wide
 PRETRAINED_CAVEAT = (
     "Pretrained weights: each model is one set of weights, so its seeds are analysis seeds (image "
     "subset, RPI permutation, probe split, random draws) and the interval measures analysis "
@@ -35,49 +45,61 @@ PRETRAINED_CAVEAT = (
 Models = dict[str, dict[str, Any]]
 
 
-def _test_dict(t: SeedTest) -> dict[str, Any]:
-    return {"n": t.n, "mean": t.mean, "ci": [t.ci_low, t.ci_high], "p": t.p,
-            "values": list(t.values)}  # fmt: skip
+@dataclass
+class Judged:
+    """One rule on one model: the per-seed effect, its test and (once the family is known) the
+    Holm-corrected p-value."""
+
+    model: str
+    role: str  # "study", "positive" or "negative"
+    effect: Effect
+    test: SeedTest
+    p_holm: float = math.nan
+
+    @property
+    def seeds(self) -> int:
+        return len(self.effect.values)
+
+    @property
+    def problem(self) -> str | None:
+        """Why this test cannot count (None: it can): too few measured seeds, or no spread."""
+        if self.test.n < MIN_SEEDS:
+            why = self.effect.reasons() or "no seed ran the experiment"
+            return (f"{self.model}: {self.test.n} of {self.seeds} seeds measured, a verdict needs "
+                    f"{MIN_SEEDS} ({why})")  # fmt: skip
+        if self.test.no_spread:
+            return (f"{self.model}: every measured seed gives {self.test.mean:.3g}, so there is no "
+                    "spread to test against (a value fixed by construction)")  # fmt: skip
+        return None
+
+    @property
+    def detected(self) -> bool:
+        return self.problem is None and self.p_holm < ALPHA
+
+    def to_dict(self) -> dict[str, Any]:
+        t = self.test
+        return {
+            "n": t.n, "seeds": self.seeds, "mean": t.mean, "ci": [t.ci_low, t.ci_high],
+            "lower": t.lower, "upper": t.upper, "p": t.p, "p_holm": self.p_holm,
+            "values": list(self.effect.values), "missing": {str(s): why for s, why in
+                                                            sorted(self.effect.missing.items())},
+            "gate": self.effect.gate, "detected": self.detected,
+        }  # fmt: skip
 
 
-def fmt_test(t: SeedTest) -> str:
-    """'0.41 [0.30, 0.50] over 5 seeds, p = 0.007'."""
+def fmt_test(j: Judged) -> str:
+    """'0.41, one-sided 95% bound >= 0.30, over 5 of 5 seeds, p = 0.007 (Holm 0.03)'."""
+    t = j.test
     if t.n == 0:
-        return "not measured"
-    ci = "" if math.isnan(t.ci_low) else f" [{t.ci_low:.2f}, {t.ci_high:.2f}]"
-    return f"{t.mean:.2f}{ci} over {t.n} seed{'s' * (t.n != 1)}, p = {t.p:.3g}"
-
-
-def _calibration(rule: Rule, views: dict[str, View]) -> dict[str, Any]:
-    """The rule on each control present: detected (p < ALPHA with enough seeds) or not, and
-    whether that is the designed outcome."""
-    controls = []
-    for role, names in (("positive", rule.positive), ("negative", rule.negative)):
-        for name in names:
-            if name not in views:
-                continue
-            t = seed_test(rule.effect(views[name]), rule.threshold)
-            enough = t.n >= MIN_SEEDS
-            detected = enough and t.p < ALPHA
-            per_seed = sum(x > rule.threshold for x in t.values)
-            controls.append({
-                "model": name, "role": role, "test": _test_dict(t), "detected": detected,
-                "enough_seeds": enough, "seeds_above_threshold": per_seed,
-                "as_designed": enough and detected == (role == "positive"),
-            })  # fmt: skip
-    positives = [c for c in controls if c["role"] == "positive"]
-    negatives = [c for c in controls if c["role"] == "negative"]
-    return {
-        "controls": controls,
-        "sensitivity": sum(c["detected"] for c in positives) / len(positives)
-        if positives
-        else None,
-        "specificity": sum(not c["detected"] for c in negatives) / len(negatives)
-        if negatives
-        else None,
-        "complete": bool(positives and negatives) and all(c["enough_seeds"] for c in controls),
-        "passed": bool(positives and negatives) and all(c["as_designed"] for c in controls),
-    }
+        return f"not measured ({j.effect.reasons() or 'the experiment did not run'})"
+    seeds = f"over {t.n} of {j.seeds} seeds measured"
+    if j.effect.missing:
+        seeds += f" ({j.effect.reasons()})"
+    if math.isnan(t.p):
+        return f"{t.mean:.2f} {seeds}; no test ({'no spread' if t.no_spread else 'one seed'})"
+    holm_p = "" if math.isnan(j.p_holm) else f" (Holm {j.p_holm:.3g})"
+    return (f"{t.mean:.2f}, one-sided 95% bounds >= {t.lower:.2f} and <= {t.upper:.2f}, {seeds}, "
+            f"p = {t.p:.3g}{holm_p}")  # fmt: skip
 
 
 def _study_views(rule: Rule, views: dict[str, View], pretrained: bool) -> list[View]:
@@ -88,71 +110,100 @@ def _study_views(rule: Rule, views: dict[str, View], pretrained: bool) -> list[V
     return [views[m] for m in rule.study if m in views and views[m].seeds(rule.experiment)]
 
 
-def _cal_line(c: dict[str, Any], rule: Rule) -> str:
-    t = SeedTest(tuple(c["test"]["values"]), rule.threshold, c["test"]["mean"],
-                 *c["test"]["ci"], c["test"]["p"])  # fmt: skip
-    outcome = "detected" if c["detected"] else "not detected"
-    design = "as designed" if c["as_designed"] else "NOT as designed"
-    return f"{c['role']} control {c['model']}: {fmt_test(t)}: {outcome} ({design})"
+def _judge(rule: Rule, v: View, role: str) -> Judged:
+    eff = rule.effect(v)
+    return Judged(v.model, role, eff, seed_test(eff.values, rule.threshold, ALPHA))
 
 
 def evaluate_claims(models: Models, cfg: StudyConfig | None = None) -> list[dict[str, Any]]:
     """Every claim with its primary test per study model, calibration, verdict and the words."""
     pretrained = bool(cfg is not None and cfg.pretrained)
     views = {m: View(m, e) for m, e in models.items()}
-    claims, family = [], []  # family: (claim index, model, p) of every primary test, for Holm
+    judged: list[tuple[Rule, list[Judged], list[Judged]]] = []
     for rule in RULES:
-        study = _study_views(rule, views, pretrained)
-        tests = {v.model: seed_test(rule.effect(v), rule.threshold) for v in study}
-        cal = _calibration(rule, views)
-        claims.append({"rule": rule, "tests": tests, "calibration": cal})
-        family += [(len(claims) - 1, m, t.p) for m, t in tests.items()]
-    adjusted = holm([p for *_, p in family]) if family else []
-    p_holm: dict[tuple[int, str], float] = {
-        (i, m): a for (i, m, _), a in zip(family, adjusted, strict=True)
+        study = [_judge(rule, v, "study") for v in _study_views(rule, views, pretrained)]
+        controls = [
+            _judge(rule, views[name], role)
+            for role, names in (("positive", rule.positive), ("negative", rule.negative))
+            for name in names
+            if name in views
+        ]
+        judged.append((rule, study, controls))
+    # one family: every test that could be made, study models and controls alike
+    family = [j for _, study, controls in judged for j in (*study, *controls)]
+    for j, p in zip(family, holm([j.test.p for j in family]), strict=True):
+        j.p_holm = p
+    return [_claim(rule, study, controls, pretrained) for rule, study, controls in judged]
+
+
+def _calibration(rule: Rule, controls: list[Judged]) -> dict[str, Any]:
+    """The rule on each control present: measured or not (and why), detected or not, and
+    whether that is the designed outcome."""
+    rows = []
+    for j in controls:
+        measured = j.problem is None
+        rows.append({
+            "model": j.model, "role": j.role, "test": j.to_dict(), "detected": j.detected,
+            "enough_seeds": j.test.n >= MIN_SEEDS, "measured": measured,
+            "not_measured": j.problem, "seeds_above_threshold":
+                sum(x > rule.threshold for x in j.test.values),
+            "as_designed": measured and j.detected == (j.role == "positive"),
+        })  # fmt: skip
+    positives = [c for c in rows if c["role"] == "positive"]
+    negatives = [c for c in rows if c["role"] == "negative"]
+    complete = bool(positives and negatives) and all(c["measured"] for c in rows)
+    return {
+        "controls": rows,
+        "sensitivity": sum(c["detected"] for c in positives) / len(positives) if positives else None,
+        "specificity": sum(not c["detected"] for c in negatives) / len(negatives)
+        if negatives
+        else None,
+        "complete": complete,
+        "passed": complete and all(c["as_designed"] for c in rows),
     }
-    return [
-        _claim(c["rule"], c["tests"], c["calibration"], p_holm, i, pretrained)
-        for i, c in enumerate(claims)
-    ]
+
+
+def _cal_line(j: Judged) -> str:
+    if j.problem is not None:
+        return f"{j.role} control {j.model}: {fmt_test(j)}: does not count ({j.problem})"
+    outcome = "detected" if j.detected else "not detected"
+    design = "as designed" if j.detected == (j.role == "positive") else "NOT as designed"
+    return f"{j.role} control {j.model}: {fmt_test(j)}: {outcome} ({design})"
+
+
+def detectable(rule: Rule, controls: list[Judged]) -> float:
+    """The smallest effect the rule is known to detect here: the smaller of its threshold and the
+    one-sided lower bounds of the positive controls it detected."""
+    lows = [j.test.lower for j in controls if j.role == "positive" and j.detected]
+    return min([rule.threshold, *lows])
 
 
 def _claim(
-    rule: Rule,
-    tests: dict[str, SeedTest],
-    cal: dict[str, Any],
-    p_holm: dict[tuple[int, str], float],
-    index: int,
-    pretrained: bool,
+    rule: Rule, study: list[Judged], controls: list[Judged], pretrained: bool
 ) -> dict[str, Any]:
-    seeds = min((t.n for t in tests.values()), default=0)
-    primary = {
-        m: _test_dict(t) | {"p_holm": p_holm[index, m], "detected": p_holm[index, m] < ALPHA}
-        for m, t in tests.items()
-    }
+    cal = _calibration(rule, controls)
+    measured = {j.model: {"measured": j.test.n, "seeds": j.seeds,
+                          "missing": j.effect.reasons() or None, "gate": j.effect.gate}
+                for j in study}  # fmt: skip
     evidence = [
-        f"{m}: {rule.effect_name}: {fmt_test(t)} (threshold {rule.threshold:g}; Holm-corrected "
-        f"p = {p_holm[index, m]:.3g})"
-        for m, t in tests.items()
+        f"{j.model}: {rule.effect_name}: {fmt_test(j)} (threshold {rule.threshold:g})"
+        for j in study
     ]
-    controls = [_cal_line(c, rule) for c in cal["controls"]]
     caveats = [rule.by_construction] + ([PRETRAINED_CAVEAT] if pretrained else [])
-    if not tests:
+    problems = [j.problem for j in study if j.problem is not None]
+    qualifier = None
+    if not study:
         verdict, summary = INCONCLUSIVE, f"No study model ran {rule.experiment} in this study."
-    elif all(t.n == 0 for t in tests.values()):
+    elif problems:
+        verdict, summary = INCONCLUSIVE, "Not enough measured: " + "; ".join(problems) + "."
+    elif not cal["complete"]:
+        missing = [c["not_measured"] for c in cal["controls"] if not c["measured"]]
         verdict = INCONCLUSIVE
         summary = (
-            f"The primary effect could not be computed on {', '.join(tests)}: no seed gave a "
-            "finite value (a backbone without classifier head has no accuracy or margin)."
-        )
-    elif seeds < MIN_SEEDS:
-        verdict = INCONCLUSIVE
-        summary = f"Only {seeds} seed(s): a verdict needs at least {MIN_SEEDS} per model."
-    elif not cal["controls"] or not cal["complete"]:
-        verdict = INCONCLUSIVE
-        summary = (
-            "The rule was not calibrated in this study (it needs a positive and a negative "
-            f"control model with at least {MIN_SEEDS} seeds each)."
+            "The rule was not calibrated in this study: it needs a measured positive and negative "
+            f"control with at least {MIN_SEEDS} seeds each"
+            + (f" ({'; '.join(missing)})" if missing else " (none was run)")
+            + "."
         )
     elif not cal["passed"]:
         verdict = FAILED_CALIBRATION
@@ -162,32 +213,50 @@ def _claim(
             "study models says nothing about them."
         )
     else:
-        detected = [m for m in tests if primary[m]["detected"]]
-        verdict = SUPPORTED if len(detected) == len(tests) else NOT_SUPPORTED
-        which = ", ".join(f"{m} {t.mean:.2f}" for m, t in tests.items())
-        summary = (
-            f"The effect exceeds {rule.threshold:g} in every study model ({which}), "
-            "Holm-corrected across the claims."
-            if verdict == SUPPORTED
-            else f"The effect does not clearly exceed {rule.threshold:g} in "
-            f"{', '.join(m for m in tests if m not in detected)} ({which})."
-        )
+        which = ", ".join(f"{j.model} {j.test.mean:.2f}" for j in study)
+        undetected = [j for j in study if not j.detected]
+        floor = detectable(rule, controls)
+        if not undetected:
+            verdict = SUPPORTED
+            summary = (f"The effect exceeds {rule.threshold:g} in every study model ({which}), "
+                       "Holm-corrected across the claims and their controls.")  # fmt: skip
+        elif all(j.test.upper < floor for j in undetected):
+            verdict = NOT_SUPPORTED
+            summary = (
+                f"Not observed in {', '.join(j.model for j in undetected)} ({which}): the one-"
+                f"sided 95% upper bound ({', '.join(f'{j.test.upper:.2f}' for j in undetected)}) "
+                f"lies below {floor:.2f}, the smallest effect the rule is known to detect here."
+            )
+        else:
+            verdict, qualifier = INCONCLUSIVE, NO_POWER
+            summary = (
+                f"No power: the effect does not clearly exceed {rule.threshold:g} in "
+                f"{', '.join(j.model for j in undetected)} ({which}), but its one-sided 95% "
+                f"upper bound ({', '.join(f'{j.test.upper:.2f}' for j in undetected)}) does not "
+                f"exclude {floor:.2f}, an effect the rule is known to detect."
+            )
     return {
         "id": rule.id,
         "title": rule.title,
         "verdict": verdict,
+        "qualifier": qualifier,
         "summary": summary,
         "evidence": evidence,
-        "controls": controls,
+        "controls": [_cal_line(j) for j in controls],
         "caveats": caveats,
-        "models": list(tests),
-        "seeds": seeds,
-        "primary": {"effect": rule.effect_name, "threshold": rule.threshold, "models": primary},
+        "models": [j.model for j in study],
+        "seeds": min((j.test.n for j in study), default=0),
+        "measured": measured,
+        "primary": {
+            "effect": rule.effect_name,
+            "threshold": rule.threshold,
+            "models": {j.model: j.to_dict() for j in study},
+        },
         "calibration": cal,
         "would_change": rule.would_change,
         "reference": reference_check(rule),
     }
 
 
-__all__ = ["FAILED_CALIBRATION", "INCONCLUSIVE", "MIN_SEEDS", "NOT_SUPPORTED", "SUPPORTED",
-           "VERDICTS", "evaluate_claims"]  # fmt: skip
+__all__ = ["ALPHA", "FAILED_CALIBRATION", "INCONCLUSIVE", "MIN_SEEDS", "NOT_SUPPORTED", "NO_POWER",
+           "SUPPORTED", "VERDICTS", "detectable", "evaluate_claims"]  # fmt: skip

@@ -20,6 +20,7 @@ from poslens.experiments import axis_map, position_removal, windows
 from poslens.experiments.heads.result import AXIS_PREFERENCE_RELATIVE, consistency_key
 from poslens.experiments.output import retention_number
 from poslens.experiments.sae_causal.result import key as sae_key
+from poslens.experiments.sae_causal.result import latents_key
 from poslens.models.config import posenc_family
 
 Values = list[float]  # one number per seed (NaN where a seed lacks it)
@@ -58,85 +59,141 @@ class View:
         return sum(1 for r in self.runs if exp in r["experiments"])
 
 
-def _zip(f: Callable[..., float], *columns: Values) -> Values:
-    return [f(*xs) for xs in zip(*columns, strict=True)] if columns and columns[0] else []
+@dataclass(frozen=True)
+class Effect:
+    """A rule's effect in each seed of one model: a number where it was measured, NaN where it
+    was not, with the reason (`missing`: seed -> why). `gate`: set when a gate decided that the
+    seeds it closed have nothing to test (an outcome, not an effect of 0)."""
+
+    values: tuple[float, ...]
+    missing: dict[int, str]
+    gate: str | None = None
+
+    @property
+    def measured(self) -> int:
+        return sum(math.isfinite(x) for x in self.values)
+
+    def reasons(self) -> str:
+        """'seeds 1, 3: no row or column latents; seed 4: ...' (one phrase per reason)."""
+        by: dict[str, list[int]] = {}
+        for seed, why in sorted(self.missing.items()):
+            by.setdefault(why, []).append(seed)
+        return "; ".join(
+            f"seed{'s' * (len(ss) > 1)} {', '.join(map(str, ss))}: {why}" for why, ss in by.items()
+        )
 
 
-def _nan0(x: float) -> float:
-    return 0.0 if math.isnan(x) else x
+def effect(values: Values, why: Callable[[int], str]) -> Effect:
+    """An Effect from per-seed values; `why(seed)` names the reason of each NaN."""
+    return Effect(tuple(values), {s: why(s) for s, x in enumerate(values) if not math.isfinite(x)})
+
+
+def _column(v: View, exp: str, key: str, n: int) -> Values:
+    """Per-seed values of one key, NaN where a seed lacks it (n seeds ran the experiment)."""
+    return v.values(exp, key) or [math.nan] * n
 
 
 # ------------------------------------------------------------------------------ the effects
 
 
-def ape_rowcol_effect(v: View) -> Values:
+def ape_rowcol_effect(v: View) -> Effect:
     """How much further toward chance the intact model's exact probe at the output falls when
     the row and column latents of the early SAE are zeroed (+error, spliced at the residual)
-    than when as many matched random latents are: 0 where the SAE has no row or column latents."""
-    e = "sae_causal"
-    drop = v.values(e, sae_key("early", "rowcol+error", "fixed_drop_out"))
-    ctrl = v.values(e, sae_key("early", "matched_rowcol", "fixed_drop_out"))
-    n = v.seeds(e)
-    if not drop:  # no row/column latents in any seed: nothing row/column-specific to remove
-        return [0.0] * n
-    ctrl = ctrl or [math.nan] * n
-    return _zip(lambda a, b: 0.0 if math.isnan(a) else a - b, drop, ctrl)
+    than when as many matched random latents are. Not measured in a seed whose SAE found no
+    row or column latent (nothing row/column-specific to remove)."""
+    e, n = "sae_causal", v.seeds("sae_causal")
+    drop = _column(v, e, sae_key("early", "rowcol+error", "fixed_drop_out"), n)
+    ctrl = _column(v, e, sae_key("early", "matched_rowcol", "fixed_drop_out"), n)
+    rows = _column(v, e, latents_key("early", "row"), n)
+    cols = _column(v, e, latents_key("early", "col"), n)
+
+    def why(s: int) -> str:
+        if rows[s] + cols[s] == 0:
+            return "the SAE found no row or column latents"
+        if not math.isfinite(drop[s]):
+            return "the row/column edit was not measured"
+        return "the matched random latents were not measured"
+
+    return effect([a - b for a, b in zip(drop, ctrl, strict=True)], why)
 
 
 ALIGNED = 0.5  # a split needs at least half of the planes to follow one axis (axis map)
 
 
-def rope_split_effect(v: View) -> Values:
+def rope_split_effect(v: View) -> Effect:
     """The fixed probe of the other axis kept after one axis's planes are removed (the smaller of
     the two retentions) minus the larger retention of either axis after as many random planes
-    per head are removed; 0 in a seed where fewer than half the planes follow one axis (no split
-    to test: the axis map finds the planes oblique)."""
+    per head are removed. A seed where fewer than half the planes follow one axis is closed by
+    the gate (the axis map finds the planes oblique: no split to test), never scored 0."""
     e, pr = "position_removal", position_removal
     n = v.seeds(e)
-    aligned = v.values("axis_map", axis_map.FRACTION_ALIGNED) or [0.0] * n
-    per_head = v.values("axis_map", axis_map.ROW_PLANES_PER_HEAD) or [math.nan] * n
+    aligned = _column(v, "axis_map", axis_map.FRACTION_ALIGNED, n)
+    per_head = _column(v, "axis_map", axis_map.ROW_PLANES_PER_HEAD, n)
 
     def kept(removed: str, other: str) -> Values:
-        number = retention_number("probe_fixed", other)
-        return v.values(e, pr.key(pr.axis_condition(removed), number)) or [math.nan] * n
+        return _column(
+            v, e, pr.key(pr.axis_condition(removed), retention_number("probe_fixed", other)), n
+        )
 
     row_kept, col_kept = kept("row", "col"), kept("col", "row")
-    out = []
-    for seed in range(n):
-        if not aligned[seed] >= ALIGNED:
-            out.append(0.0)
+    out, missing, gated = [], {}, []
+    for s in range(n):
+        if not math.isfinite(aligned[s]):
+            out.append(math.nan)
+            missing[s] = "axis_map was not measured"
             continue
-        rnd = pr.random_condition(round(per_head[seed]))
-        rand = [v.values(e, pr.key(rnd, retention_number("probe_fixed", t))) for t in ("row", "col")]
-        r = max(rand[0][seed], rand[1][seed]) if all(len(c) > seed for c in rand) else math.nan
-        out.append(min(row_kept[seed], col_kept[seed]) - r)
-    return out
+        if aligned[s] < ALIGNED:
+            out.append(math.nan)
+            gated.append(s)
+            missing[s] = (f"gate: {aligned[s]:.0%} of the planes follow one axis (a split needs "
+                          f"{ALIGNED:.0%}): nothing to split")  # fmt: skip
+            continue
+        rnd = pr.random_condition(round(per_head[s]))
+        rand = [_column(v, e, pr.key(rnd, retention_number("probe_fixed", t)), n)[s]
+                for t in ("row", "col")]  # fmt: skip
+        other = (
+            min(row_kept[s], col_kept[s])
+            if all(map(math.isfinite, (row_kept[s], col_kept[s])))
+            else math.nan
+        )
+        worst = max(rand) if all(map(math.isfinite, rand)) else math.nan  # NaN-safe: either NaN
+        out.append(other - worst)
+        if not math.isfinite(out[-1]):
+            missing[s] = (f"{rnd} (as many random planes per head as one axis has) was not run"
+                          if not all(map(math.isfinite, rand)) else "the axis conditions were not measured")  # fmt: skip
+    gate = f"the gate closed {len(gated)} of {n} seeds" if gated else None
+    return Effect(tuple(out), missing, gate)
 
 
-def rebuild_effect(v: View) -> Values:
+def rebuild_effect(v: View) -> Effect:
     """Compensation in correct-class margin: what the blocks after the window add when rotations
     were withheld before them, minus what they add in the intact model, as a share of the
     intact-minus-floor margin ((prefix - floor) - (intact - suffix)) / (intact - floor), for the
-    window the experiment reads for this claim (windows.rebuild_window); [] without one."""
-    if not v.has("windows", windows.key(windows.REBUILD, "window")):
-        return []
-    return v.values("windows", windows.key(windows.REBUILD, "relative"))
+    window the experiment reads for this claim (windows.rebuild_window)."""
+    n = v.seeds("windows")
+    vals = _column(v, "windows", windows.key(windows.REBUILD, "relative"), n)
+    k = _column(v, "windows", windows.key(windows.REBUILD, "window"), n)
+    return effect(vals, lambda s: "no compensation window was run" if not math.isfinite(k[s])
+                  else "intact and floor margins equal: no share to take")  # fmt: skip
 
 
-def heads_effect(v: View) -> Values:
+def heads_effect(v: View) -> Effect:
     """Across the later blocks' heads (block-head units): the correlation of each head's
     scale-free axis-window preference (its share of what the later blocks rebuild after a
     row-only window minus after a column-only window) with its attention's axis specialization
-    (+ row); 0 where no preference varies (no head rebuilds anything)."""
-    vals = v.values("heads", consistency_key(AXIS_PREFERENCE_RELATIVE, "block_head"))
-    return [_nan0(x) for x in vals]
+    (+ row). Not measured where the preferences or the specializations do not vary."""
+    n = v.seeds("heads")
+    vals = _column(v, "heads", consistency_key(AXIS_PREFERENCE_RELATIVE, "block_head"), n)
+    return effect(vals, lambda s: "no variance across heads: the correlation is undefined")
 
 
-def position_effect(v: View) -> Values:
+def position_effect(v: View) -> Effect:
     """Accuracy points lost when every positional signal is removed from the trained weights."""
     e, pr = "position_removal", position_removal
-    intact, floor = (v.values(e, pr.key(c, "accuracy")) for c in (pr.INTACT, pr.FLOOR))
-    return _zip(lambda a, b: a - b, intact, floor)
+    n = v.seeds(e)
+    intact, floor = (_column(v, e, pr.key(c, "accuracy"), n) for c in (pr.INTACT, pr.FLOOR))
+    return effect([a - b for a, b in zip(intact, floor, strict=True)],
+                  lambda s: "no accuracy (a backbone without a classifier head)")  # fmt: skip
 
 
 # ------------------------------------------------------------------------------ the rules
@@ -154,7 +211,7 @@ class Rule:
     title: str
     reads: tuple[str, ...]
     family: str
-    effect: Callable[[View], Values]
+    effect: Callable[[View], Effect]
     effect_name: str
     threshold: float
     study: tuple[str, ...]
@@ -260,4 +317,4 @@ RULES = (
     ),
 )
 
-__all__ = ["RULES", "Rule", "View"]
+__all__ = ["RULES", "Effect", "Rule", "View"]

@@ -150,6 +150,12 @@ def key(site: str, group: str, number: str) -> str:
     return f"{site}.{group}.{number}"
 
 
+def latents_key(site: str, kind: str) -> str:
+    """The headline key of how many positional latents of `kind` (row, col, cell, mixed) the
+    SAE at `site` has."""
+    return f"{site}.latents_{kind}"
+
+
 def headline(d: dict[str, Any]) -> Headline:
     """Per SAE site, under its hook name and under each role it plays ("early", "probe"): FVU,
     the positional latents by kind, and every summary group's numbers (key(site, group, n));
@@ -160,7 +166,7 @@ def headline(d: dict[str, Any]) -> Headline:
         for name in (site, *r.get("roles", [])):
             out[f"{name}.fvu"] = r["sae_quality"]["fvu"]
             out[f"{name}.n_positional"] = float(s["n_positional"])
-            out |= {f"{name}.latents_{k}": float(n) for k, n in s["kinds"].items()}
+            out |= {latents_key(name, k): float(n) for k, n in s["kinds"].items()}
             for group in GROUPS:
                 for k, x in s.get(group, {}).items():
                     out[key(name, group, k)] = x
@@ -169,4 +175,4 @@ def headline(d: dict[str, Any]) -> Headline:
     return out
 
 
-__all__ = ["GROUPS", "SAECausal", "SiteResult", "headline", "key"]
+__all__ = ["GROUPS", "SAECausal", "SiteResult", "headline", "key", "latents_key"]
