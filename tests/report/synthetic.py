@@ -162,12 +162,15 @@ def make_study(out_dir: Path) -> dict[str, Any]:
             "id": "heads_rebuild",
             "title": "Axis-specialized heads rebuild position",
             "verdict": "inconclusive",
+            "qualifier": "no power",
             "summary": "Effect within 1 SE of the control.",
             "evidence": ["head 3 margin drop 0.2"],
             "controls": ["matched random heads drop 0.18"],
             "caveats": ["quick preset"],
             "models": ["rope_axial"],
             "seeds": 2,
+            "measured": {"rope_axial": {"measured": 2, "seeds": 3, "missing": "seed 2: no variance",
+                                        "gate": None}},
         },
     ]
     stages = [

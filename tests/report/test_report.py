@@ -12,7 +12,7 @@ import pytest
 
 from poslens.report import render_html, render_markdown, write_report
 from poslens.report.__main__ import main as report_main
-from poslens.report.common import fmt_duration, fmt_num, order_keys
+from poslens.report.common import fmt_duration, fmt_num, order_keys, verdict_label
 from tests.report.synthetic import MISSING_PNG, make_study, make_valid_study
 
 
@@ -167,9 +167,10 @@ def test_sections_come_in_order_with_every_verdict(study: tuple[Path, dict[str, 
         "not supported": "not-supported",
         "inconclusive": "inconclusive",
     }
-    for v, s in slug.items():
-        # badge colour class and its visible text agree, in the table and in the claim's details
-        assert page.badges.count((f"verdict v-{s}", v)) == 2
+    for cl in results["claims"]:
+        # badge colour class and its visible text (the verdict, with its qualifier where it has
+        # one) agree, in the table and in the claim's details
+        assert page.badges.count((f"verdict v-{slug[cl['verdict']]}", verdict_label(cl))) == 2
 
 
 def test_headline_tables_show_mean_se_and_seeds(study: tuple[Path, dict[str, Any]]) -> None:
@@ -220,12 +221,14 @@ def test_markdown_has_claims_table_and_image_links(study: tuple[Path, dict[str, 
     out, results = study
     md = render_markdown(results, out)
     lines = md.splitlines()
-    head = lines.index("| Claim | Verdict | Summary | Models | Seeds |")
-    assert lines[head + 1] == "|---|---|---|---|---|"
+    head = lines.index("| Claim | Verdict | Summary | Measured seeds per model |")
+    assert lines[head + 1] == "|---|---|---|---|"
     for i, cl in enumerate(results["claims"]):
         row = lines[head + 2 + i]
-        assert row.startswith(f"| {cl['title']} | **{cl['verdict']}** |")
-        assert row.count(" | ") == 4, "an unescaped pipe would add a column"
+        label = cl["verdict"] + (f" ({cl['qualifier']})" if cl.get("qualifier") else "")
+        assert row.startswith(f"| {cl['title']} | **{label}** |")
+        assert row.count(" | ") == 3, "an unescaped pipe would add a column"
+    assert "**inconclusive (no power)**" in md and "| rope_axial 2 of 3 |" in md
     for fig in results["figures"]:
         if fig["png"] != MISSING_PNG:
             assert f"]({fig['png']})" in md
