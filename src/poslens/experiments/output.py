@@ -78,6 +78,24 @@ class Experiment:
     cost: float = 4.0
 
 
+def headline_key(condition: str, number: str) -> str:
+    """The headline key of one number of one condition (`condition.number`): every experiment's
+    `key`."""
+    return f"{condition}.{number}"
+
+
+def counts_in(keys: Iterable[str], name_of: Callable[[int], str]) -> list[int]:
+    """The n (in order) of every condition `name_of(n)` that headline `keys` hold; each name is
+    checked against `name_of`, so a headline and its readers cannot drift apart."""
+    out = set()
+    for k in keys:
+        condition = k.partition(".")[0]
+        n = condition.rpartition("_")[2]
+        if n.isdigit() and name_of(int(n)) == condition:
+            out.add(int(n))
+    return sorted(out)
+
+
 def retention_number(measure: str, target: str | None = None) -> str:
     """The headline number of a condition's retention of `measure` (accuracy, margin, ssdc_out,
     probe, probe_fixed, ...), per probe target where it has one: condition_numbers' names."""

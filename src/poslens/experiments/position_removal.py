@@ -26,6 +26,8 @@ from poslens.experiments.output import (
     Header,
     Headline,
     condition_numbers,
+    counts_in,
+    headline_key,
     probe_numbers,
 )
 from poslens.experiments.readout import (
@@ -100,21 +102,12 @@ def random_condition(n: int) -> str:
     return f"random_{n}"
 
 
-def key(condition: str, number: str) -> str:
-    """The headline key of one number of one condition."""
-    return f"{condition}.{number}"
+key = headline_key
 
 
 def random_counts(keys: Iterable[str]) -> list[int]:
-    """The random-plane counts n whose condition a headline holds, in order (each name checked
-    against random_condition, so the two cannot drift apart)."""
-    out = set()
-    for k in keys:
-        condition = k.partition(".")[0]
-        n = condition.rpartition("_")[2]
-        if n.isdigit() and random_condition(int(n)) == condition:
-            out.add(int(n))
-    return sorted(out)
+    """The random-plane counts n whose condition a headline holds, in order."""
+    return counts_in(keys, random_condition)
 
 
 def conditions(model: ViT, cfg: Config) -> list[tuple[str, Condition, dict[str, Any]]]:

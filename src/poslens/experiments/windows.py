@@ -21,7 +21,14 @@ from poslens.data import Task
 from poslens.errors import ConfigError
 from poslens.experiments.conditions import Condition, planes_off, random_mask
 from poslens.experiments.config import ExperimentConfig
-from poslens.experiments.output import Experiment, Header, Headline, condition_numbers
+from poslens.experiments.output import (
+    Experiment,
+    Header,
+    Headline,
+    condition_numbers,
+    counts_in,
+    headline_key,
+)
 from poslens.experiments.readout import (
     ConditionResult,
     Readout,
@@ -116,21 +123,12 @@ def compensation_of(k: int) -> str:
     return f"compensation_{k}"
 
 
-def key(condition: str, number: str) -> str:
-    """The headline key of one number of one window (or of intact, floor, REBUILD)."""
-    return f"{condition}.{number}"
+key = headline_key  # key(window or INTACT / FLOOR / REBUILD, number)
 
 
 def prefix_ks(keys: Iterable[str]) -> list[int]:
-    """The k of every prefix window a headline holds, in order (names checked against
-    prefix_window, so the two cannot drift apart)."""
-    out = set()
-    for k in keys:
-        condition = k.partition(".")[0]
-        n = condition.rpartition("_")[2]
-        if n.isdigit() and prefix_window(int(n)) == condition:
-            out.add(int(n))
-    return sorted(out)
+    """The k of every prefix window a headline holds, in order."""
+    return counts_in(keys, prefix_window)
 
 
 def rebuild_window(ks: Iterable[int], depth: int) -> int | None:
