@@ -71,6 +71,11 @@ def load(
     if not path.exists():
         raise CheckpointError(f"checkpoint not found: {path}")
     folder = path if path.is_dir() else path.parent
+    if not path.is_dir() and not (folder / "config.json").exists():
+        raise CheckpointError(
+            f"{path} is a file, not a checkpoint folder (one with config.json and "
+            "model.safetensors), and no config.json is beside it"
+        )
     weights_path = (
         Path(weights)
         if weights is not None

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import errno
 import json
 import math
 import os
+import re
+import stat
 import struct
+import sys
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import fields, is_dataclass
@@ -94,6 +98,72 @@ def removed_on_error(
         _WRITTEN.reset(token)
 
 
+# What atomic_write's temporary files are named: "." + the target's name + "." + mkstemp's eight
+# random characters + ".tmp". A kill -9 between mkstemp and the rename leaves one behind.
+TEMP_NAME = re.compile(r"\..+\.[a-z0-9_]{8}\.tmp")
+
+
+def sweep_temp_files(root: Path, subfolders: Sequence[str] = ()) -> list[Path]:
+    """Remove the temporary files atomic_write left (named as TEMP_NAME) directly in `root` and
+    anywhere under its `subfolders`; returns them. Only for a folder this process owns: call it
+    while holding its lock (`locked`), so no live write's temporary file is taken."""
+    folders = [(root, False), *((root / s, True) for s in subfolders)]
+    removed = []
+    for top, recursive in folders:
+        for folder, dirs, files in os.walk(top):  # never follows a link
+            removed += [Path(folder, f) for f in files if TEMP_NAME.fullmatch(f)]
+            if not recursive:
+                dirs.clear()
+    for p in removed:
+        with contextlib.suppress(OSError):
+            p.unlink()
+    return removed
+
+
+LOCK = ".lock"
+
+
+@contextlib.contextmanager
+def locked(out: Path, command: str) -> Iterator[None]:
+    """Hold `out`/.lock while `poslens COMMAND` writes there: a second study or train on `out` is
+    refused in one line naming the holder. An flock ends with its process, however that ends, so
+    a killed run leaves no stale lock. At the end the lock file is removed while still held (so no
+    one can take it in between), and so is the folder when this call created it and nothing else
+    was written there: a command refused before its first write leaves no trace, and a finished
+    checkpoint folder can be copied without a lock file in it."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock
+        yield
+        return
+    created = not os.path.lexists(out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        fd = os.open(out / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise OutputError(f"--out {out} cannot be used ({e.strerror or e})") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pid, _, holder = os.pread(fd, 80, 0).decode(errors="replace").strip().partition(" ")
+            raise OutputError(
+                f"--out {out} is in use by another poslens {holder or 'study'} (pid {pid or '?'}); "
+                "wait for it to end or choose another --out"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()} {command}\n".encode(), 0)
+        try:
+            yield
+        finally:
+            with contextlib.suppress(OSError):
+                (out / LOCK).unlink()
+                if created:
+                    out.rmdir()  # only when empty
+    finally:
+        os.close(fd)
+
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
@@ -127,12 +197,45 @@ def write_json(path: Path, obj: Any) -> None:
     atomic_write(path, lambda p: p.write_text(text))
 
 
+def not_a_file(path: Path) -> str | None:
+    """Why `path` is not a regular file that can be read, as a phrase ("not found", "is a
+    folder", "is a FIFO", ...); None when it is one. Links are followed, and named when broken."""
+    try:
+        mode = path.stat().st_mode
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return "is a symbolic link loop"
+        if os.path.lexists(path):
+            return "is a broken symbolic link" if path.is_symlink() else f"cannot be read ({e})"
+        return "not found"
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISDIR(mode):
+        return "is a folder, not a file"
+    kind = (
+        "a FIFO (named pipe)"
+        if stat.S_ISFIFO(mode)
+        else "a socket"
+        if stat.S_ISSOCK(mode)
+        else "a device"
+        if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+        else "not a regular file"
+    )
+    link = " (through a symbolic link)" if path.is_symlink() else ""
+    return f"is {kind}{link}, not a regular file"
+
+
+def _file_error(path: Path, why: str, what: str = "file") -> CheckpointError:
+    return CheckpointError(f"{what} not found: {path}" if why == "not found" else f"{path} {why}")
+
+
 def read_json(path: Path, what: str = "file", max_bytes: int = MAX_JSON_BYTES) -> Any:
     """Parse a JSON file within size and nesting bounds, with finite numbers only; a one-line
     CheckpointError names what is wrong (missing, too large, too deep, invalid, NaN at a key)."""
     try:
-        if not path.is_file():
-            raise CheckpointError(f"{what} not found: {path}")
+        why = not_a_file(path)
+        if why is not None:
+            raise _file_error(path, why, what)
         size = path.stat().st_size
         if size > max_bytes:
             raise CheckpointError(
@@ -152,7 +255,13 @@ def parse_json(text: str | bytes, where: str) -> Any:
     except RecursionError:
         raise CheckpointError(f"{where} is nested more than {MAX_JSON_DEPTH} levels deep") from None
     except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError, digits limit, bad UTF-8
-        raise CheckpointError(f"{where} is not valid JSON ({str(e).splitlines()[0]})") from None
+        reason = str(e).splitlines()[0]
+        if "integer string conversion" in reason:  # Python's advice does not apply to a user
+            reason = (
+                f"a number has more than {sys.get_int_max_str_digits():,} digits; poslens "
+                "integers are below 2**63"
+            )
+        raise CheckpointError(f"{where} is not valid JSON ({reason})") from None
     check_plain(obj, where)
     return obj
 
@@ -207,8 +316,9 @@ def _sorted_header(data: bytes) -> tuple[bytes, memoryview]:
 
 def check_safetensors(path: Path) -> None:
     """Refuse anything that is not a well-formed safetensors header before any parsing."""
-    if not path.is_file():
-        raise CheckpointError(f"file not found: {path}")
+    why = not_a_file(path)
+    if why is not None:
+        raise _file_error(path, why)
     size = path.stat().st_size
     with open(path, "rb") as f:
         head = f.read(9)

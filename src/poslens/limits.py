@@ -8,14 +8,17 @@ message, instead of a multi-GB allocation, an out-of-memory kill or a run that n
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import tempfile
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from poslens.errors import LimitError, OutputError, UserError
+from poslens._config import MAX_STEPS, MAX_THREADS
+from poslens.errors import ConfigError, LimitError, OutputError, UserError
 
 if TYPE_CHECKING:
     from poslens.data import DataConfig
@@ -24,6 +27,58 @@ if TYPE_CHECKING:
     from poslens.training.config import RunConfig
 
 FLOAT = 4  # bytes per float32 value
+
+
+@dataclass(frozen=True)
+class Bound:
+    """The range a count may take, with the unit and the reason for the upper end."""
+
+    low: int
+    high: int
+    unit: str
+    why: str
+
+
+# Every count a user can pass (flags, --set fields, study fields), bounded here and nowhere else;
+# check_count applies them. A count above its bound is a typo, not a plan: `--seeds 1000000000`
+# spent minutes resolving the plan before any work. Sizes that can fit or not depending on the
+# machine (batch sizes, widths) are checked against its memory below instead.
+COUNTS: dict[str, Bound] = {
+    "seeds": Bound(
+        1, 1_000, "seeds", "each seed trains and analyses every model once more; 5 decide a claim"
+    ),
+    "images": Bound(
+        10, 100_000_000, "images", "evaluated one by one; ImageNet's whole training set is 1.3M"
+    ),
+    "draws": Bound(1, 1_000, "draws", "each random control is rerun once per draw"),
+    "planes": Bound(
+        1,
+        65_536,
+        "rotary planes",
+        "a head has head_dim / 2 planes; the model's own count is checked when it is loaded",
+    ),
+    "doses": Bound(1, 1_000_000, "latents", "an SAE here has at most a few thousand latents"),
+    "steps": Bound(1, MAX_STEPS, "steps", "over a day even at 100 steps/s"),
+    "threads": Bound(0, MAX_THREADS, "threads", "torch accepts any count and fails later"),
+}
+
+
+def check_count(name: str, value: Any, kind: str) -> None:
+    """ConfigError naming `name` unless `value` is an integer within COUNTS[kind] (a tuple of
+    counts: each of them)."""
+    bound = COUNTS[kind]
+    for v in value if isinstance(value, tuple | list) else (value,):
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise ConfigError(f"{name} must be an integer count of {bound.unit}, got {v!r}")
+        if v < bound.low:
+            raise ConfigError(f"{name} must be at least {bound.low:,}, got {v:,}")
+        if v > bound.high:
+            raise ConfigError(
+                f"{name} {v:,} is more than the {bound.high:,} {bound.unit} poslens allows "
+                f"({bound.why})"
+            )
+
+
 Part = tuple[str, float]  # (what it is, with the fields that size it; bytes)
 
 
@@ -282,16 +337,33 @@ def check_device(name: str, here: bool = True) -> None:
         raise UserError(f"--device {name}: MPS is not available on this machine; use --device cpu")
 
 
+def _is_link_loop(path: Path) -> bool:
+    try:
+        os.stat(path)
+    except OSError as e:
+        return e.errno == errno.ELOOP
+    return False
+
+
 def check_output_dir(path: str | Path, flag: str = "--out") -> None:
     """`path` is a folder, or can be created as one, and a file can be written there (tested by
     writing and removing one temporary file, so read-only mounts and permissions both count;
-    nothing is created when `path` does not exist yet)."""
+    nothing is created when `path` does not exist yet). An empty `path` is refused: Path('')
+    is the current folder, which nobody means by --out ''."""
+    if not str(path).strip():
+        raise OutputError(f"{flag} is empty; give a folder (--out . for the current one)")
     p = Path(path)
     try:
         if p.exists() and not p.is_dir():
             raise OutputError(f"{flag} {p} is a file, not a folder")
         probe = p
         while not probe.exists() and probe != probe.parent:
+            if os.path.lexists(probe):  # a link that leads nowhere: mkdir would fail after the work
+                loop = _is_link_loop(probe)
+                raise OutputError(
+                    f"{flag} {p} cannot be created: {probe} is a "
+                    f"{'symbolic link loop' if loop else 'broken symbolic link'}"
+                )
             probe = probe.parent
         if not probe.is_dir():
             raise OutputError(f"{flag} {p} cannot be created: {probe} is a file, not a folder")

@@ -16,6 +16,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,6 +76,7 @@ def ckpts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     and copies whose config.json lies about the weights."""
     root = tmp_path_factory.mktemp("ckpts")
     done = _train(root / "done")
+    _train(root / "ape", "ape")
     mp = pytest.MonkeyPatch()
     mp.setattr(TrainProgress, "update", _interrupt_at(3))
     try:
@@ -83,7 +85,7 @@ def ckpts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         )
     finally:
         mp.undo()
-    out = {"done": done, "ctrlc": root / "ctrlc"}
+    out = {"done": done, "ctrlc": root / "ctrlc", "ape": root / "ape"}
     lies = {
         "posenc": "none",
         "rope_layout": "half",
@@ -119,6 +121,42 @@ class Case:
     argv: list[str]
     fragment: str
     runner: Callable[[list[str]], int] = main
+
+
+def _busy(folder: Path, command: str) -> Path:
+    """A folder whose lock file names `command` as its holder (this process, pid-wise)."""
+    folder.mkdir()
+    (folder / poslens.io.LOCK).write_text(f"{os.getpid()} {command}\n")
+    return folder
+
+
+def _holding(folder: Path) -> Callable[[list[str]], int]:
+    """A runner that calls main while folder's lock is held: an flock on another open file of
+    it, refused exactly as another process's would be (and the lock file is left unchanged)."""
+    import fcntl
+
+    def run(argv: list[str]) -> int:
+        fd = os.open(folder / poslens.io.LOCK, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return main(argv)
+        finally:
+            os.close(fd)
+
+    return run
+
+
+def _without_timm(argv: list[str]) -> int:
+    """main as on a machine without timm installed."""
+    saved = sys.modules.get("timm")
+    sys.modules["timm"] = None  # type: ignore[assignment]  # `import timm` raises ImportError
+    try:
+        return main(argv)
+    finally:
+        if saved is None:
+            del sys.modules["timm"]
+        else:
+            sys.modules["timm"] = saved
 
 
 def cases(tmp: Path, ck: dict[str, Path]) -> list[Case]:
@@ -175,6 +213,28 @@ def cases(tmp: Path, ck: dict[str, Path]) -> list[Case]:
 
     sae = ["sae", "train", done, "--out", out, "--no-progress"]
     analyze = ["analyze", done, "--out", out, *QUICK]
+    study = ["study", "--preset", "quick", "--no-progress", "--out", out]
+    # sizes the tiny checkpoints' 16 test images hold, so that only the check under test refuses
+    fits = ["--out", out, "--no-progress", "--images", "16", "--probe-images", "10"]
+    an16 = ["analyze", done, *fits]
+    # weights that are not a regular file: a link to /dev/zero, a FIFO, a folder
+    odd = {}
+    for kind in ("devzero", "fifo", "folder"):
+        odd[kind] = files / f"weights_{kind}"
+        shutil.copytree(ck["done"], odd[kind])
+        (odd[kind] / "model.safetensors").unlink()
+    (odd["devzero"] / "model.safetensors").symlink_to("/dev/zero")
+    os.mkfifo(odd["fifo"] / "model.safetensors")
+    (odd["folder"] / "model.safetensors").mkdir()
+    loop = tmp / "loop"  # --out on a link to itself, and a link to nowhere
+    loop.symlink_to(loop)
+    dangling = tmp / "dangling"
+    dangling.symlink_to(tmp / "nowhere")
+    (tmp / "empty").mkdir()
+    busy_train, busy_study = _busy(tmp / "busy_train", "train"), _busy(tmp / "busy_study", "study")
+    ape = str(ck["ape"])
+    images = files / "images"
+    (images / "a").mkdir(parents=True)
     slurm = ["study", "--preset", "quick", "--out", out, "--no-progress", "--executor", "slurm"]
     return [
         # checkpoints tied to their config: what shapes cannot show
@@ -252,7 +312,7 @@ def cases(tmp: Path, ck: dict[str, Path]) -> list[Case]:
         Case("deep config.json", ["info", str(deep_json)], "nested more than 64 levels"),
         Case("depth-100 config.json", ["info", str(shallow_deep)], "nested more than 64 levels"),
         Case("254 MB config.json", ["info", str(huge)], "more than the 1,048,576"),
-        Case("5000-digit int", ["info", str(digits)], "is not valid JSON"),
+        Case("5000-digit int", ["info", str(digits)], "is not valid JSON (a number has more than 4,300 digits; poslens integers are below 2**63)"),
         Case("deep TOML", ["train", "--config", write("deep.toml", "a = " + "[" * 100_000 + "]" * 100_000), "--out", out], "nested more than 64"),
         Case("2 MB TOML", ["train", "--config", _sparse(files / "big.toml", 2 << 20, b"#"), "--out", out], "more than the 1,048,576"),
         Case("deep --set", [*train, "--set", "model.dim=" + "[" * 5000 + "]" * 5000], "--set model.dim is nested"),
@@ -274,6 +334,46 @@ def cases(tmp: Path, ck: dict[str, Path]) -> list[Case]:
         Case("report 100 MB", [str(files / "report_huge")], "more than the 67,108,864", report_main),
         Case("report on a file", [str(a_file)], "is not a folder", report_main),
         Case("report two args", ["a", "b"], "unrecognized arguments", report_main),
+        # issue 30: empty --out (Path('') is the current folder; the test runs in tmp)
+        Case("train out ''", ["train", "--out", "", *TRAIN], "--out is empty"),
+        Case("analyze out ''", ["analyze", done, "--out", "", "--images", "16", "--probe-images", "10"], "--out is empty"),
+        Case("sae out ''", ["sae", "train", done, "--out", ""], "--out is empty"),
+        Case("study out ''", ["study", "--preset", "quick", "--out", ""], "--out is empty"),
+        Case("train out '  '", ["train", "--out", "  ", *TRAIN], "--out is empty"),
+        # unbounded counts: the bound (poslens.limits.COUNTS) refuses them before any work
+        Case("study seeds 1e9", [*study, "--seeds", "1000000000"], "study.seeds 1,000,000,000 is more than the 1,000 seeds"),
+        Case("train 1001 seeds", [*train, "--seeds", ",".join(map(str, range(1001)))], "--seeds lists 1,001 seeds, more than the 1,000"),
+        Case("probe images 1e9", [*an16, "--probe-images", "1000000000"], "--probe-images 1,000,000,000 is more than the 100,000,000 images"),
+        Case("probe images 5", [*an16, "--probe-images", "5"], "--probe-images must be at least 10"),
+        Case("draws 1e6", [*an16, "--experiments", "position_removal", "--set", "position_removal.draws=1000000"], "analysis.draws 1,000,000 is more than the 1,000 draws"),
+        Case("planes 1e6", [*an16, "--experiments", "position_removal", "--set", "position_removal.n_planes=2,1000000"], "analysis.n_planes 1,000,000 is more than the 65,536"),
+        Case("doses 1e8", [*an16, "--experiments", "sae_causal", "--set", "sae_causal.doses=4,100000000"], "analysis.doses 100,000,000 is more than the 1,000,000"),
+        Case("sae_causal images 5", [*an16, "--experiments", "sae_causal", "--set", "sae_causal.train_images=5"], "analysis.train_images must be at least 10"),
+        # given but empty: refused, never replaced by the preset's
+        Case("study models ''", [*study, "--models", ""], "study.models must name at least one encoding"),
+        Case("study models ','", [*study, "--models", ","], "study.models must name at least one encoding"),
+        Case("pretrained models ''", [*study, "--pretrained", "timm:vit_tiny_patch16_224=hub", "--data", str(images), "--models", ""], "--pretrained replaces them"),
+        # counts the model does not have, experiments it cannot run
+        Case("n_planes 999", [*an16, "--experiments", "position_removal", "--set", "position_removal.n_planes=2,999"], "position_removal.n_planes 999 is more than this model's 4 rotary planes per head"),
+        Case("n_planes on ape", ["analyze", ape, *fits, "--experiments", "position_removal", "--set", "position_removal.n_planes=2"], "posenc=ape has none"),
+        Case("axis_map on ape", ["analyze", ape, *fits, "--experiments", "axis_map"], "none applies to this model (axis_map: posenc=ape has no rotary planes)"),
+        # a refused --pretrained creates no --out (and no .lock in it)
+        Case("pretrained without timm", [*study, "--pretrained", "timm:vit_tiny_patch16_224=hub", "--data", str(images)], "need the timm package", _without_timm),
+        # one train or study per --out, whichever holds it
+        Case("train on a busy --out", ["train", "--out", str(busy_train), *TRAIN], f"--out {busy_train} is in use by another poslens train (pid {os.getpid()})", _holding(busy_train)),
+        Case("train while a study runs", ["train", "--out", str(busy_study), *TRAIN], "in use by another poslens study", _holding(busy_study)),
+        Case("study while a train runs", ["study", "--preset", "quick", "--out", str(busy_train)], "in use by another poslens train", _holding(busy_train)),
+        # messages that name the real problem
+        Case("info on a file", ["info", str(a_file)], f"{a_file} is a file, not a checkpoint folder"),
+        Case("weights -> /dev/zero", ["info", str(odd["devzero"])], "model.safetensors is a device (through a symbolic link), not a regular file"),
+        Case("weights FIFO", ["info", str(odd["fifo"])], "model.safetensors is a FIFO (named pipe), not a regular file"),
+        Case("weights folder", ["analyze", str(odd["folder"]), "--out", out], "model.safetensors is a folder, not a file"),
+        Case("train out link loop", ["train", "--out", str(loop), *TRAIN], f"{loop} is a symbolic link loop"),
+        Case("study out under loop", ["study", "--preset", "quick", "--out", str(loop / "sub")], "is a symbolic link loop"),
+        Case("train out dangling link", ["train", "--out", str(dangling), *TRAIN], "is a broken symbolic link"),
+        Case("resume empty folder", ["train", "--out", str(tmp / "empty"), *TRAIN, "--resume"], "holds no training run to continue"),
+        Case("resume no folder", [*train, "--resume"], "holds no training run to continue"),
+        Case("resume empty seeds", [*train, "--seeds", "0,1", "--resume"], "seed{0,1} holds no training run"),
     ]  # fmt: skip
 
 
@@ -297,11 +397,20 @@ def _run(case: Case) -> int:
         return int(e.code or 0)
 
 
+# Cases in the table: 87 before issue 30 (86 where sbatch exists), 120 after it.
+TABLE_SIZE = 120
+
+
 def test_hostile_inputs_are_one_line_exit_2_and_change_nothing(
-    tmp_path: Path, ckpts: dict[str, Path], capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    ckpts: dict[str, Path],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     table = cases(tmp_path, ckpts)
-    assert len(table) >= 60 and len({c.name for c in table}) == len(table)
+    assert len(table) == TABLE_SIZE - (not _no_slurm())
+    assert len({c.name for c in table}) == len(table)
+    monkeypatch.chdir(tmp_path)  # what `--out ''` would write lands in the folder watched below
     if torch.cuda.is_available():
         table = [c for c in table if "cuda" not in c.name]
     capsys.readouterr()
@@ -377,10 +486,10 @@ def _full_disk_at(mp: pytest.MonkeyPatch, nth: int) -> list[Path]:
     return written
 
 
-def _one_line_error(capsys: pytest.CaptureFixture[str], fragment: str) -> None:
+def _one_line_error(capsys: pytest.CaptureFixture[str], *fragments: str) -> None:
     err = capsys.readouterr().err
     assert err.startswith("poslens: error:") and err.count("\n") == 1, err
-    assert fragment in err and "Traceback" not in err
+    assert all(f in err for f in fragments) and "Traceback" not in err, err
 
 
 def _no_temp_files(root: Path) -> None:
@@ -425,7 +534,10 @@ def test_full_disk_while_analysing_leaves_no_partial_set(
     assert "analysis.json" in complete and len(complete) >= 4
     written = _full_disk_at(monkeypatch, nth)
     assert main(argv) == 2
-    _one_line_error(capsys, "No space left on device")
+    if nth < len(complete):  # the message says the folder holds no results now
+        _one_line_error(capsys, "No space left on device", f"no results are left in {out}")
+    else:
+        _one_line_error(capsys, "No space left on device", "analysis.json")
     assert not (out / "analysis.json").exists()
     left = sorted(p.name for p in out.iterdir())
     if nth < len(complete):  # the set failed: none of it (old or new) is left
@@ -433,6 +545,69 @@ def test_full_disk_while_analysing_leaves_no_partial_set(
     else:  # the set is whole; only the index failed, and it is absent
         assert left == [n for n in complete if n != "analysis.json"]
     _no_temp_files(tmp_path)
+
+
+def test_full_disk_on_a_first_analysis_leaves_no_empty_out(
+    tmp_path: Path,
+    ckpts: dict[str, Path],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A full disk at the first write of a fresh --out: the folder analyze made is removed again
+    (an empty --out looked like a finished run with no results), and the message says so; one
+    finished experiment before the failure is kept and named."""
+    out = tmp_path / "fresh"
+    argv = ["analyze", str(ckpts["done"]), "--out", str(out), "--experiments", "axis_map",
+            "--no-progress", "--images", "16", "--probe-images", "10"]  # fmt: skip
+    _full_disk_at(monkeypatch, 1)
+    assert main(argv) == 2
+    _one_line_error(capsys, "No space left on device", f"--out {out} removed again")
+    assert not out.exists()
+    monkeypatch.undo()
+    _full_disk_at(monkeypatch, 4)  # axis_map's 3 files, then depth_profile's first
+    argv[argv.index("axis_map")] = "axis_map,depth_profile"
+    assert main(argv) == 2
+    _one_line_error(capsys, "No space left on device", "3 file(s) of the experiments finished")
+    assert sorted(p.name for p in out.iterdir()) == [
+        "axis_map.json", "axis_map.png", "axis_map_planes.csv"
+    ]  # fmt: skip
+
+
+def test_a_rerun_study_sweeps_the_temp_files_a_kill_left(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """kill -9 between an atomic write's mkstemp and its rename leaves `.NAME.XXXXXXXX.tmp`
+    (mode 0600); the rerun removes them under its lock before any work, and nothing else."""
+    import poslens.study.run as study_run
+    from poslens.study import preset, run_study
+
+    out = tmp_path / "study"
+    leftovers = [
+        out / "runs/rope_axial/seed0/.depth_profile.svg.k2j4h5g6.tmp",
+        out / "figures/.depth_profile.png.a1b2c3d4.tmp",
+        out / "checkpoints/rope_axial_s0_0123456789ab/.model.safetensors.zz9_x8y7.tmp",
+        out / ".results.json.qwertyui.tmp",
+    ]
+    kept = [
+        out / "runs/notes.tmp",  # not a temporary file of poslens's
+        out / "runs/.a.tmp",
+        out / "runs/rope_axial/seed0/depth_profile.json",
+        out / "mine/.x.abcdefgh.tmp",  # not a folder the study writes
+    ]
+    for p in leftovers + kept:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text("half a file")
+        p.chmod(0o600)
+    seen: list[list[Path]] = []
+
+    def fake_run(plan: object, executor: object, progress: bool) -> dict[str, object]:
+        seen.append([p for p in leftovers + kept if p.exists()])
+        return {}
+
+    monkeypatch.setattr(study_run, "_run", fake_run)
+    assert run_study(preset("quick"), out, progress=False) == {}
+    assert seen == [kept]  # swept before the work began
+    assert not (out / ".lock").exists()  # the lock file goes with the run
 
 
 @pytest.mark.parametrize("nth", [1, 2, 3, 4])
@@ -587,3 +762,32 @@ def test_two_processes_save_identical_bytes(tmp_path: Path) -> None:
         subprocess.run([sys.executable, "-c", script, str(path)], check=True)
         digests.add(hashlib.sha256(path.read_bytes()).hexdigest())
     assert len(digests) == 1
+
+
+def test_a_second_train_on_the_same_out_is_refused_while_the_first_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two `poslens train --out X` started moments apart: the second is refused in one line
+    naming the first's pid (it used to train too, both exiting 0, the folder holding whichever
+    wrote last)."""
+    from tests.training.cli_args import tiny_train_args
+
+    out = tmp_path / "run"
+    argv = ["train", *tiny_train_args(steps=100_000, eval_every=100_000), "--out", str(out)]
+    first = subprocess.Popen(
+        [sys.executable, "-m", "poslens", *argv], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "train_state.safetensors").exists():  # its first checkpoint
+            assert first.poll() is None, first.stderr.read() if first.stderr else ""
+            assert time.monotonic() < deadline, "the first run wrote no checkpoint"
+            time.sleep(0.01)
+        assert main(argv) == 2
+        _one_line_error(capsys, f"--out {out} is in use by another poslens train (pid {first.pid})")
+    finally:
+        first.kill()
+        first.wait()
+    # the flock died with its holder: the next train is refused for the run there, not the lock
+    assert main(argv) == 2
+    _one_line_error(capsys, "already holds a run; pass --resume")

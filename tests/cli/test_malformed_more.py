@@ -78,6 +78,10 @@ def cases(tmp: Path) -> list[tuple[list[str], str]]:
         (["study", "--preset", "quick", "--models", "ape,ape", "--out", out], "twice"),
         (["study", "--preset", "quick", "--seeds", "-1", "--out", out], "study.seeds"),
         (["study", "--preset", "huge", "--out", out], "invalid choice"),
+        # issue 30: counts beyond the bound or the model, a given but empty list
+        (["study", "--preset", "quick", "--seeds", "1001", "--out", out], "study.seeds 1,001 is more than the 1,000 seeds"),
+        (["study", "--preset", "quick", "--models", " , ", "--out", out], "study.models must name at least one"),
+        ([*analyze, "--experiments", "position_removal", "--set", "position_removal.n_planes=9"], "n_planes 9 is more than this model's 8 rotary planes"),
     ]  # fmt: skip
 
 
@@ -85,7 +89,7 @@ def test_more_bad_inputs_are_one_line_exit_2_and_write_nothing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     all_cases = cases(tmp_path)
-    assert len(all_cases) >= 19
+    assert len(all_cases) == 22  # 19 before issue 30
     for argv, fragment in all_cases:
         expect_exit = contextlib.nullcontext()
         if "invalid choice" in fragment:

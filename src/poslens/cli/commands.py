@@ -37,19 +37,44 @@ def _run_configs(args: argparse.Namespace) -> list[tuple[str, RunConfig]]:
 
 
 def _seeds(text: str) -> list[int]:
-    """--seeds "0,1,2" -> [0, 1, 2]: distinct non-negative integers."""
+    """--seeds "0,1,2" -> [0, 1, 2]: distinct non-negative integers, at most COUNTS["seeds"]."""
+    from poslens._config import short_repr
+    from poslens.limits import COUNTS
+
+    bound = COUNTS["seeds"]
+    if text.count(",") >= bound.high:  # before parsing: a hostile list can be huge
+        raise UserError(
+            f"--seeds lists {text.count(',') + 1:,} seeds, more than the {bound.high:,} poslens "
+            f"allows ({bound.why})"
+        )
     try:
         seeds = [int(s) for s in text.split(",")]
     except ValueError:
-        raise UserError(f"--seeds takes comma-separated integers, got {text!r}") from None
+        raise UserError(f"--seeds takes comma-separated integers, got {short_repr(text)}") from None
     if len(set(seeds)) != len(seeds) or min(seeds) < 0:
-        raise UserError(f"--seeds needs distinct non-negative integers, got {text!r}")
+        raise UserError(f"--seeds needs distinct non-negative integers, got {short_repr(text)}")
     return seeds
 
 
+def _check_resume(target: Path, seeds: list[int] | None) -> None:
+    """--resume needs a run to continue: refused when `target` (each seed folder, for an
+    ensemble) holds no trace of training, which would silently train from scratch."""
+    from poslens.training.train import CONFIG, METRICS, STATE, WEIGHTS
+
+    folders = [target] if seeds is None else [target / f"seed{k}" for k in seeds]
+    if not any((f / n).exists() for f in folders for n in (CONFIG, WEIGHTS, STATE, METRICS)):
+        where = target if seeds is None else f"{target}/seed{{{','.join(map(str, seeds))}}}"
+        raise UserError(
+            f"--resume: {where} holds no training run to continue (no train_state.safetensors); "
+            "drop --resume to start one"
+        )
+
+
 def cmd_train(args: argparse.Namespace) -> int:
+    import contextlib
     import dataclasses
 
+    from poslens.io import locked
     from poslens.limits import check_output_dir
     from poslens.training.ensemble import train_ensemble
     from poslens.training.train import train
@@ -58,26 +83,33 @@ def cmd_train(args: argparse.Namespace) -> int:
     seeds = None if args.seeds is None else _seeds(args.seeds)
     if args.compile and seeds is None:
         raise UserError("--compile applies to ensembles: give --seeds too")
+    check_output_dir(args.out)  # the text: Path('') would be the current folder
     out = Path(args.out)
-    check_output_dir(out)
+    targets = [(name, cfg, out / name if len(runs) > 1 else out) for name, cfg in runs]
+    if args.resume:
+        for _, _, target in targets:
+            _check_resume(target, seeds)
     results = []
-    for name, cfg in runs:
-        target = out / name if len(runs) > 1 else out
-        if seeds is None:
-            m = train(
-                cfg, target, resume=args.resume, progress=not args.no_progress, device=args.device
+    # one train (or study) per --out at a time; under torchrun rank 0 holds it for all ranks
+    with locked(out, "train") if _rank_zero() else contextlib.nullcontext():
+        for name, cfg, target in targets:
+            if seeds is None:
+                m = train(
+                    cfg, target, resume=args.resume, progress=not args.no_progress,
+                    device=args.device,
+                )  # fmt: skip
+                results.append((name, m, target))
+                continue
+            cfgs = [
+                dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, seed=k))
+                for k in seeds
+            ]
+            outs = [target / f"seed{k}" for k in seeds]
+            ms = train_ensemble(
+                cfgs, outs, args.resume, not args.no_progress, args.device, compile=args.compile
             )
-            results.append((name, m, target))
-            continue
-        cfgs = [
-            dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, seed=k)) for k in seeds
-        ]
-        outs = [target / f"seed{k}" for k in seeds]
-        ms = train_ensemble(
-            cfgs, outs, args.resume, not args.no_progress, args.device, compile=args.compile
-        )
-        prefix = f"{name}/" if len(runs) > 1 else ""
-        results += [(f"{prefix}seed{k}", m, o) for k, m, o in zip(seeds, ms, outs, strict=True)]
+            prefix = f"{name}/" if len(runs) > 1 else ""
+            results += [(f"{prefix}seed{k}", m, o) for k, m, o in zip(seeds, ms, outs, strict=True)]
     if not _rank_zero():  # under torchrun rank 0 reports; train() has saved and synchronised
         return 0
     if len(results) > 1:
@@ -160,13 +192,16 @@ def _overrides(items: Sequence[str], names: Sequence[str]) -> dict[str, dict[str
 
 def cmd_analyze(args: argparse.Namespace) -> int:
     import poslens
-    from poslens import distributed
+    from poslens import distributed, experiments
+    from poslens.errors import OutputError
     from poslens.experiments.analyze import analyze
     from poslens.experiments.registry import configs as experiment_configs
     from poslens.io import jsonable, write_json
-    from poslens.limits import check_analysis, check_output_dir
+    from poslens.limits import check_analysis, check_count, check_output_dir
     from poslens.precision import autocast
 
+    check_count("--images", args.images, "images")
+    check_count("--probe-images", args.probe_images, "images")
     names = _experiment_names(args.experiments)
     common = {
         "n_images": args.images,
@@ -177,7 +212,8 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         "precision": args.precision,
     }
     # every name, field and value checked (UserError) before any work
-    configs = list(experiment_configs(names, common, _overrides(args.set, names)).values())
+    sets = _overrides(args.set, names)
+    configs = list(experiment_configs(names, common, sets).values())
     try:
         device = str(distributed.device_for(args.device))  # cuda:LOCAL_RANK under torchrun
     except RuntimeError:
@@ -206,8 +242,17 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         if status is not None:  # loaded with --allow-unfinished: the results say so
             source["unfinished"] = status.to_dict()  # type: ignore[assignment]
     autocast(model, args.precision)  # UserError now if torch cannot run this precision here
+    reasons = [experiments.get(n).applies(model) for n in names]
+    if all(r is not None for r in reasons):  # nothing would run: an error, not a run of skips
+        why = "; ".join(f"{n}: {r}" for n, r in zip(names, reasons, strict=True))
+        raise UserError(f"--experiments {args.experiments}: none applies to this model ({why})")
+    if "n_planes" in sets.get("position_removal", {}):
+        from poslens.experiments.position_removal import check_planes
+
+        check_planes(model, configs[names.index("position_removal")].n_planes)
+    check_output_dir(args.out)  # the text: Path('') would be the current folder
     out = Path(args.out)
-    check_output_dir(out)
+    created = not out.exists()
     check_analysis(
         model.cfg, args.images, common["probe_images"], args.batch_size, device,
         getattr(data, "cfg", None),
@@ -225,9 +270,12 @@ def cmd_analyze(args: argparse.Namespace) -> int:
             files = ", ".join(f.name for f in record["files"])  # type: ignore[attr-defined]
             report(f"{name:<18} {record['seconds']:6.0f}s  {files}")
 
-    records = analyze(
-        model, data, names, configs, out, progress=main and not args.no_progress, on_done=done
-    )
+    try:
+        records = analyze(
+            model, data, names, configs, out, progress=main and not args.no_progress, on_done=done
+        )
+    except OutputError as e:  # a full disk: say what is left in --out
+        raise OutputError(f"{e}; {_left_in(out, created)}") from None
     summary: dict[str, object] = {
         **source,
         "posenc": model.cfg.posenc,
@@ -250,17 +298,31 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     return 0
 
 
+def _left_in(out: Path, created: bool) -> str:
+    """What a failed analysis left in `out`, for its error message; the folder it created for
+    nothing is removed."""
+    left = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
+    if left:
+        return (
+            f"{len(left)} file(s) of the experiments finished before it are kept in {out}, "
+            "without analysis.json; rerun to complete it"
+        )
+    if created and out.is_dir():
+        out.rmdir()
+        return f"no results were written (--out {out} removed again)"
+    return f"no results are left in {out} (the failed experiment's files were removed)"
+
+
 def cmd_sae_train(args: argparse.Namespace) -> int:
     import poslens
-    from poslens.limits import check_output_dir, check_sae
+    from poslens.limits import check_count, check_output_dir, check_sae
     from poslens.sae import SAEConfig
     from poslens.sae.pipeline import train_on_checkpoint
 
     cfg = SAEConfig(
         site=args.site, expansion=args.expansion, k=args.k, epochs=args.epochs, whiten=args.whiten
     )
-    if args.images < 10:
-        raise UserError(f"--images must be at least 10, got {args.images}")
+    check_count("--images", args.images, "images")
     model = poslens.load(
         args.checkpoint, device=args.device, allow_unfinished=args.allow_unfinished
     )
@@ -296,7 +358,7 @@ def cmd_study(args: argparse.Namespace) -> int:
 
     changes: dict[str, object] = {"precision": args.precision}
     if args.pretrained:
-        if args.models:
+        if args.models is not None:
             raise UserError("--models names encodings to train; --pretrained replaces them")
         if not args.data:
             raise UserError("--pretrained needs --data DIR: an image folder or datasets directory")
@@ -304,7 +366,7 @@ def cmd_study(args: argparse.Namespace) -> int:
         changes["images"] = args.data
     elif args.data:
         changes["task"] = args.data
-    if args.models:
+    if args.models is not None:  # given, even empty: `--models ''` is refused, not ignored
         changes["models"] = tuple(m.strip() for m in args.models.split(",") if m.strip())
     if args.seeds is not None:
         changes["seeds"] = args.seeds

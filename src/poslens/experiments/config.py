@@ -7,6 +7,7 @@ from typing import Any
 
 from poslens._config import ANALYSIS_PRECISIONS, from_dict, one_of, positive_int
 from poslens.errors import ConfigError
+from poslens.limits import check_count
 
 
 @dataclass(frozen=True)
@@ -29,10 +30,9 @@ class ExperimentConfig:
         for name in ("n_images", "probe_images", "batch_size", "draws"):
             positive_int(f"analysis.{name}", getattr(self, name))
         positive_int("analysis.seed", self.seed, allow_zero=True)
-        if self.n_images < 10:
-            raise ConfigError(f"analysis.n_images must be at least 10, got {self.n_images}")
-        if self.probe_images < 10:
-            raise ConfigError(f"analysis.probe_images must be at least 10, got {self.probe_images}")
+        for name in ("n_images", "probe_images"):
+            check_count(f"analysis.{name}", getattr(self, name), "images")
+        check_count("analysis.draws", self.draws, "draws")
         positive_int("analysis.ssdc_images", self.ssdc_images, allow_zero=True)
         if not (self.ssdc_images == 0 or 10 <= self.ssdc_images <= self.n_images):
             raise ConfigError(

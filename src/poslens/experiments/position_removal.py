@@ -40,6 +40,7 @@ from poslens.experiments.readout import (
 )
 from poslens.interventions import ape_permute, ape_zero, axis_map
 from poslens.interventions.rotary import AxisMap, num_planes
+from poslens.limits import check_count
 from poslens.metrics.probes import TARGETS
 from poslens.metrics.stats import sem
 from poslens.models.vit import ViT
@@ -58,12 +59,28 @@ class Config(ExperimentConfig):
         super().__post_init__()
         if not self.n_planes or any(not isinstance(n, int) or n < 1 for n in self.n_planes):
             raise ConfigError(f"analysis.n_planes must be positive integers, got {self.n_planes!r}")
+        check_count("analysis.n_planes", self.n_planes, "planes")
 
 
 def applies(model: ViT) -> str | None:
     """Every model: for posenc "none" the floor is the model itself, which makes it the negative
     control of "position matters" (removal is the identity, by construction)."""
     return None
+
+
+def check_planes(model: ViT, n_planes: tuple[int, ...]) -> None:
+    """Plane counts given on purpose must exist in `model`: `conditions` leaves out the counts
+    above its planes per head (so the defaults fit small models), which would drop them silently."""
+    if not model.cfg.uses_rope:
+        raise ConfigError(
+            f"position_removal.n_planes counts rotary planes, and posenc={model.cfg.posenc} has none"
+        )
+    too_many = [n for n in n_planes if n > num_planes(model)]
+    if too_many:
+        raise ConfigError(
+            f"position_removal.n_planes {too_many[0]:,} is more than this model's "
+            f"{num_planes(model)} rotary planes per head (head_dim {model.cfg.head_dim})"
+        )
 
 
 def top_frequency_mask(model: ViT, n: int, amap: AxisMap | None = None) -> torch.Tensor:

@@ -11,6 +11,7 @@ from typing import Any
 from poslens._config import ANALYSIS_PRECISIONS, experiment_sets, one_of, positive_int
 from poslens.errors import ConfigError
 from poslens.experiments import EXPERIMENTS
+from poslens.limits import check_count
 from poslens.training.config import PRESETS as MODEL_PRESETS
 
 PRESETS = ("quick", "default", "paper")
@@ -84,10 +85,13 @@ class StudyConfig:
             if len(set(self.models)) != len(self.models):
                 raise ConfigError(f"study.models lists an encoding twice: {', '.join(self.models)}")
         positive_int("study.seeds", self.seeds)
+        check_count("study.seeds", self.seeds, "seeds")
         for e in self.experiments:
             one_of("study.experiments", e, EXPERIMENTS)
         for name in ("n_images", "probe_images", "batch_size"):
             positive_int(f"study.{name}", getattr(self, name))
+        for name in ("n_images", "probe_images"):
+            check_count(f"study.{name}", getattr(self, name), "images")
         only: dict[str, frozenset[str]] = {}
         for item in self.only:
             exp, eq, models = item.partition("=")

@@ -12,7 +12,7 @@ import os
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from poslens.errors import CheckpointError, ConfigError, DataError
+from poslens.errors import CheckpointError, ConfigError, DataError, UserError
 from poslens.experiments.config import ExperimentConfig
 from poslens.experiments.registry import configs, get
 from poslens.study.config import Pretrained, StudyConfig, config_hash
@@ -123,7 +123,15 @@ def jobs_for(jobs: int, device: str, n_runs: int) -> int:
 
 
 def check_sources(models: tuple[Pretrained, ...], images: str) -> None:
-    """Pretrained weights files and the image folder exist: one-line errors before any work."""
+    """timm is installed and knows each model, the weights files and the image folder exist:
+    one-line errors before any work (and before --out is created)."""
+    if models:
+        from poslens._timm import import_timm
+
+        timm = import_timm()
+        for m in models:
+            if not timm.is_model(m.key):
+                raise UserError(f"{m.spec}: unknown timm model {m.key!r}")
     for m in models:
         if m.weights != "hub" and not Path(m.weights).is_file():
             raise CheckpointError(f"{m.spec}: weights file {m.weights} not found")

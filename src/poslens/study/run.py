@@ -16,11 +16,8 @@ aggregated over seeds (study/aggregate.py) and judged (study/claims.py).
 
 from __future__ import annotations
 
-import os
 import platform
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -30,8 +27,7 @@ import torch
 
 from poslens._version import __version__
 from poslens.allocator import kept as allocator_kept
-from poslens.errors import OutputError
-from poslens.io import jsonable, write_json
+from poslens.io import jsonable, locked, sweep_temp_files, write_json
 from poslens.study.aggregate import aggregate
 from poslens.study.claims import evaluate_claims
 from poslens.study.config import StudyConfig
@@ -63,7 +59,8 @@ def run_study(
         threads = threads or slurm.cpus_per_task
     plan = make_plan(cfg, out, device, threads, jobs)  # every config error before any work
     executor = make_executor(plan, slurm)
-    with locked(plan.out):
+    with locked(plan.out, "study"):
+        sweep_temp_files(plan.out, ("checkpoints", "runs", "figures"))  # a kill -9's leftovers
         return _run(plan, executor, progress)
 
 
@@ -107,39 +104,6 @@ def _run(plan: Plan, executor: Executor, progress: bool) -> dict[str, Any]:
 
     write_report(out, results)
     return results
-
-
-LOCK = ".lock"
-
-
-@contextmanager
-def locked(out: Path) -> Iterator[None]:
-    """Hold `out`/.lock while the study runs: a second study on `out` is refused in one line. An
-    flock ends with its process, however that ends, so a killed study leaves no stale lock."""
-    try:
-        import fcntl
-    except ImportError:  # not POSIX: no lock
-        yield
-        return
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        fd = os.open(out / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as e:
-        raise OutputError(f"--out {out} cannot be used ({e.strerror or e})") from None
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            pid = os.pread(fd, 20, 0).decode(errors="replace").strip() or "?"
-            raise OutputError(
-                f"--out {out} is in use by another poslens study (pid {pid}); wait for it to end "
-                "or choose another --out"
-            ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        yield
-    finally:
-        os.close(fd)
 
 
 def cpu() -> dict[str, Any]:

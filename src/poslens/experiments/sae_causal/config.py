@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from poslens.errors import ConfigError
 from poslens.experiments.config import ExperimentConfig
+from poslens.limits import check_count
 from poslens.models import hooks
 from poslens.models.vit import ViT
 from poslens.sae.config import SAEConfig
@@ -36,6 +37,7 @@ class Config(ExperimentConfig):
         super().__post_init__()
         if not self.doses or any(not isinstance(d, int) or d < 1 for d in self.doses):
             raise ConfigError(f"analysis.doses must be positive integers, got {self.doses!r}")
+        check_count("analysis.doses", self.doses, "doses")
         if not self.sites or any(not isinstance(s, str) or not s for s in self.sites):
             raise ConfigError(
                 f"analysis.sites must be hook names, early or probe, got {self.sites!r}"
@@ -44,8 +46,7 @@ class Config(ExperimentConfig):
             raise ConfigError(
                 f"analysis.k must be 0 (automatic) or a positive count, got {self.k!r}"
             )
-        if self.train_images < 10:
-            raise ConfigError(f"analysis.train_images must be at least 10, got {self.train_images}")
+        check_count("analysis.train_images", self.train_images, "images")
 
     def sae_config(self, site: str, d_in: int) -> SAEConfig:
         """The SAE at `site` for activations of width d_in (k resolved when automatic)."""
