@@ -686,10 +686,15 @@ def test_ctrl_c_message_fits_the_command(
     def interrupted(*_a: object, **_k: object) -> None:
         raise KeyboardInterrupt
 
-    import poslens.experiments.axis_map
-    import poslens.study
+    import dataclasses
 
-    monkeypatch.setattr(poslens.experiments.axis_map, "run", interrupted)
+    import poslens.study
+    from poslens.experiments import REGISTRY
+
+    # experiments are looked up in the registry: its entry is what analyze runs
+    monkeypatch.setitem(
+        REGISTRY, "axis_map", dataclasses.replace(REGISTRY["axis_map"], run=interrupted)
+    )
     argv = ["analyze", str(ckpts["done"]), "--out", str(tmp_path / "a"), "--experiments",
             "axis_map", *QUICK]  # fmt: skip
     assert main(argv) == 130

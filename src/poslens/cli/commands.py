@@ -59,7 +59,7 @@ def _seeds(text: str) -> list[int]:
 def _check_resume(target: Path, seeds: list[int] | None) -> None:
     """--resume needs a run to continue: refused when `target` (each seed folder, for an
     ensemble) holds no trace of training, which would silently train from scratch."""
-    from poslens.training.train import CONFIG, METRICS, STATE, WEIGHTS
+    from poslens.checkpoint import CONFIG, METRICS, STATE, WEIGHTS
 
     folders = [target] if seeds is None else [target / f"seed{k}" for k in seeds]
     if not any((f / n).exists() for f in folders for n in (CONFIG, WEIGHTS, STATE, METRICS)):

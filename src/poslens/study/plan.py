@@ -123,13 +123,15 @@ def jobs_for(jobs: int, device: str, n_runs: int) -> int:
 
 
 def check_sources(models: tuple[Pretrained, ...], images: str) -> None:
-    """timm is installed and knows each model, the weights files and the image folder exist:
-    one-line errors before any work (and before --out is created)."""
-    if models:
+    """timm is installed and knows each timm model, the weights files and the image folder exist:
+    one-line errors before any work (and before --out is created). A Hugging Face folder
+    (hf:DIR) needs neither timm nor transformers."""
+    timm_models = [m for m in models if m.spec.startswith("timm:")]
+    if timm_models:
         from poslens._timm import import_timm
 
         timm = import_timm()
-        for m in models:
+        for m in timm_models:
             if not timm.is_model(m.key):
                 raise UserError(f"{m.spec}: unknown timm model {m.key!r}")
     for m in models:
