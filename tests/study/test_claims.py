@@ -174,8 +174,8 @@ def test_rope_split_is_judged_on_learned_frequencies() -> None:
     # outcome ("nothing to split"), not an effect of 0; the rule is then not calibrated
     e = rope_split_effect(View("x", ms["rope_oblique"]))
     assert e.measured == 0 and e.gate and "nothing to split" in e.reasons()
-    assert c["calibration"]["complete"] is False and c["verdict"] == INCONCLUSIVE
-    assert "nothing to split" in c["summary"]
+    assert c["calibration"]["sensitivity_only"]  # a degenerate negative: sensitivity only
+    assert any("nothing to split" in line and "degenerate" in line for line in c["controls"])
 
 
 def test_rebuilding_needs_compensation_beyond_the_ordinary_contribution() -> None:
@@ -203,12 +203,15 @@ def test_heads_claim_reads_the_scale_free_axis_preference() -> None:
     ms = models(rope_axial=heads(0.6), rope_rebuild=heads(0.8), rope_early=heads(0.0))
     c = claim(evaluate_claims(ms), "heads_rebuild")
     assert c["calibration"]["passed"] and c["verdict"] == SUPPORTED
-    # a negative control whose correlation is undefined (no preference varies) was not
-    # measured: it cannot show specificity, so the rule is not calibrated
+    # a negative control whose correlation is undefined (no preference varies) in every seed
+    # has nothing to measure: it shows nothing about specificity, and the claim says the rule is
+    # calibrated for sensitivity only
     ms["rope_early"] = entry("rope_axial", heads(math.nan))
     c = claim(evaluate_claims(ms), "heads_rebuild")
-    assert c["verdict"] == INCONCLUSIVE and not c["calibration"]["complete"]
-    assert "no variance across heads" in c["summary"]
+    assert c["calibration"]["sensitivity_only"] and c["calibration"]["specificity"] is None
+    assert any("sensitivity only" in x for x in c["caveats"])
+    ctrl = next(x for x in c["calibration"]["controls"] if x["model"] == "rope_early")
+    assert ctrl["degenerate"] and not ctrl["measured"]
 
 
 def test_holm_spans_every_primary_test() -> None:
@@ -353,9 +356,14 @@ def test_a_broken_control_leaves_the_rule_uncalibrated() -> None:
 
 
 def test_a_control_with_no_spread_does_not_count() -> None:
-    """Five identical values (a zero by construction) are no test: the control does not count."""
+    """Five identical values (a zero by construction) are no test: a positive control with no
+    spread leaves the rule uncalibrated; a negative one is degenerate (sensitivity only)."""
     ms = calibrated()
-    agg = ms["rope_early"]["aggregate"]["windows"]
-    agg["rebuild.relative"] = mean_se([0.0] * SEEDS)
+    ms["rope_rebuild"]["aggregate"]["windows"]["rebuild.relative"] = mean_se([0.5] * SEEDS)
     c = claim(evaluate_claims(ms), "rope_rebuilds")
     assert c["verdict"] == INCONCLUSIVE and "no spread" in c["summary"]
+    ms = calibrated()
+    ms["rope_early"]["aggregate"]["windows"]["rebuild.relative"] = mean_se([0.0] * SEEDS)
+    c = claim(evaluate_claims(ms), "rope_rebuilds")
+    assert c["calibration"]["sensitivity_only"] and c["verdict"] == SUPPORTED
+    assert any("degenerate" in line for line in c["controls"])

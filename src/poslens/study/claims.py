@@ -73,6 +73,13 @@ class Judged:
         return None
 
     @property
+    def degenerate(self) -> bool:
+        """Nothing there to measure by construction: every value equal (no spread), or every seed
+        empty (no latents, a closed gate, no variance). Such a control cannot show specificity."""
+        e = self.effect
+        return self.test.no_spread or (self.seeds >= MIN_SEEDS and len(e.empty) == self.seeds)
+
+    @property
     def detected(self) -> bool:
         return self.problem is None and self.p_holm < ALPHA
 
@@ -145,27 +152,32 @@ def _calibration(rule: Rule, controls: list[Judged]) -> dict[str, Any]:
         rows.append({
             "model": j.model, "role": j.role, "test": j.to_dict(), "detected": j.detected,
             "enough_seeds": j.test.n >= MIN_SEEDS, "measured": measured,
-            "not_measured": j.problem, "seeds_above_threshold":
+            "degenerate": j.degenerate, "not_measured": j.problem, "seeds_above_threshold":
                 sum(x > rule.threshold for x in j.test.values),
             "as_designed": measured and j.detected == (j.role == "positive"),
         })  # fmt: skip
     positives = [c for c in rows if c["role"] == "positive"]
     negatives = [c for c in rows if c["role"] == "negative"]
-    complete = bool(positives and negatives) and all(c["measured"] for c in rows)
+    # a degenerate negative control (nothing there to measure) shows nothing about specificity:
+    # the rule then counts as calibrated for sensitivity only, and the claim says so
+    counted = [c for c in negatives if c["measured"]]
+    degenerate = [c for c in negatives if not c["measured"] and c["degenerate"]]
+    complete = (bool(positives) and all(c["measured"] for c in positives) and bool(negatives)
+                and len(counted) + len(degenerate) == len(negatives))  # fmt: skip
     return {
         "controls": rows,
         "sensitivity": sum(c["detected"] for c in positives) / len(positives) if positives else None,
-        "specificity": sum(not c["detected"] for c in negatives) / len(negatives)
-        if negatives
-        else None,
+        "specificity": sum(not c["detected"] for c in counted) / len(counted) if counted else None,
         "complete": complete,
-        "passed": complete and all(c["as_designed"] for c in rows),
+        "sensitivity_only": complete and not counted,
+        "passed": complete and all(c["as_designed"] for c in [*positives, *counted]),
     }
 
 
 def _cal_line(j: Judged) -> str:
     if j.problem is not None:
-        return f"{j.role} control {j.model}: {fmt_test(j)}: does not count ({j.problem})"
+        kind = "degenerate, shows nothing about specificity" if j.degenerate else "does not count"
+        return f"{j.role} control {j.model}: {fmt_test(j)}: {kind} ({j.problem})"
     outcome = "detected" if j.detected else "not detected"
     design = "as designed" if j.detected == (j.role == "positive") else "NOT as designed"
     return f"{j.role} control {j.model}: {fmt_test(j)}: {outcome} ({design})"
@@ -190,6 +202,13 @@ def _claim(
         for j in study
     ]
     caveats = [rule.by_construction] + ([PRETRAINED_CAVEAT] if pretrained else [])
+    if cal["sensitivity_only"]:
+        names = [c["model"] for c in cal["controls"] if c["role"] == "negative"]
+        caveats.append(
+            f"Calibrated for sensitivity only: the negative control ({', '.join(names)}) is "
+            "degenerate (nothing there to measure by construction), so no model showed that the "
+            "rule stays quiet where a signal is present but the mechanism is not."
+        )
     problems = [j.problem for j in study if j.problem is not None]
     qualifier = None
     if not study:
@@ -197,7 +216,8 @@ def _claim(
     elif problems:
         verdict, summary = INCONCLUSIVE, "Not enough measured: " + "; ".join(problems) + "."
     elif not cal["complete"]:
-        missing = [c["not_measured"] for c in cal["controls"] if not c["measured"]]
+        missing = [c["not_measured"] for c in cal["controls"]
+                   if not c["measured"] and not (c["role"] == "negative" and c["degenerate"])]  # fmt: skip
         verdict = INCONCLUSIVE
         summary = (
             "The rule was not calibrated in this study: it needs a measured positive and negative "

@@ -62,12 +62,15 @@ class View:
 @dataclass(frozen=True)
 class Effect:
     """A rule's effect in each seed of one model: a number where it was measured, NaN where it
-    was not, with the reason (`missing`: seed -> why). `gate`: set when a gate decided that the
-    seeds it closed have nothing to test (an outcome, not an effect of 0)."""
+    was not, with the reason (`missing`: seed -> why). `empty`: the missing seeds where there was
+    nothing to measure (no row/column latents, a closed gate, no variance), as opposed to a
+    measurement that was not made. `gate`: set when a gate decided that the seeds it closed have
+    nothing to test (an outcome, not an effect of 0)."""
 
     values: tuple[float, ...]
     missing: dict[int, str]
     gate: str | None = None
+    empty: frozenset[int] = frozenset()
 
     @property
     def measured(self) -> int:
@@ -83,9 +86,14 @@ class Effect:
         )
 
 
-def effect(values: Values, why: Callable[[int], str]) -> Effect:
-    """An Effect from per-seed values; `why(seed)` names the reason of each NaN."""
-    return Effect(tuple(values), {s: why(s) for s, x in enumerate(values) if not math.isfinite(x)})
+def effect(
+    values: Values, why: Callable[[int], str], empty: Callable[[int], bool] = lambda s: False
+) -> Effect:
+    """An Effect from per-seed values; `why(seed)` names the reason of each NaN, `empty(seed)`
+    says whether there was nothing to measure there."""
+    nan = [s for s, x in enumerate(values) if not math.isfinite(x)]
+    return Effect(tuple(values), {s: why(s) for s in nan}, None,
+                  frozenset(s for s in nan if empty(s)))  # fmt: skip
 
 
 def _column(v: View, exp: str, key: str, n: int) -> Values:
@@ -114,7 +122,8 @@ def ape_rowcol_effect(v: View) -> Effect:
             return "the row/column edit was not measured"
         return "the matched random latents were not measured"
 
-    return effect([a - b for a, b in zip(drop, ctrl, strict=True)], why)
+    diffs = [a - b for a, b in zip(drop, ctrl, strict=True)]
+    return effect(diffs, why, lambda s: rows[s] + cols[s] == 0)
 
 
 ALIGNED = 0.5  # a split needs at least half of the planes to follow one axis (axis map)
@@ -162,7 +171,7 @@ def rope_split_effect(v: View) -> Effect:
             missing[s] = (f"{rnd} (as many random planes per head as one axis has) was not run"
                           if not all(map(math.isfinite, rand)) else "the axis conditions were not measured")  # fmt: skip
     gate = f"the gate closed {len(gated)} of {n} seeds" if gated else None
-    return Effect(tuple(out), missing, gate)
+    return Effect(tuple(out), missing, gate, frozenset(gated))
 
 
 def rebuild_effect(v: View) -> Effect:
@@ -174,7 +183,8 @@ def rebuild_effect(v: View) -> Effect:
     vals = _column(v, "windows", windows.key(windows.REBUILD, "relative"), n)
     k = _column(v, "windows", windows.key(windows.REBUILD, "window"), n)
     return effect(vals, lambda s: "no compensation window was run" if not math.isfinite(k[s])
-                  else "intact and floor margins equal: no share to take")  # fmt: skip
+                  else "intact and floor margins equal: no share to take",
+                  lambda s: math.isfinite(k[s]))  # fmt: skip
 
 
 def heads_effect(v: View) -> Effect:
@@ -184,7 +194,8 @@ def heads_effect(v: View) -> Effect:
     (+ row). Not measured where the preferences or the specializations do not vary."""
     n = v.seeds("heads")
     vals = _column(v, "heads", consistency_key(AXIS_PREFERENCE_RELATIVE, "block_head"), n)
-    return effect(vals, lambda s: "no variance across heads: the correlation is undefined")
+    return effect(vals, lambda s: "no variance across heads: the correlation is undefined",
+                  lambda s: True)  # fmt: skip
 
 
 def position_effect(v: View) -> Effect:
