@@ -249,11 +249,19 @@ def _claim(
             )
         else:
             verdict, qualifier = INCONCLUSIVE, NO_POWER
+            wide = [j for j in undetected if not j.test.upper < floor]
+            narrow = [j for j in undetected if j.test.upper < floor]
+
+            def bounds(js: list[Judged]) -> str:
+                return ", ".join(f"{j.model} {j.test.upper:.2f}" for j in js)
+
             summary = (
                 f"No power: the effect does not clearly exceed {rule.threshold:g} in "
-                f"{', '.join(j.model for j in undetected)} ({which}), but its one-sided 95% "
-                f"upper bound ({', '.join(f'{j.test.upper:.2f}' for j in undetected)}) does not "
-                f"exclude {floor:.2f}, an effect the rule is known to detect."
+                f"{', '.join(j.model for j in undetected)} ({which}), and the one-sided 95% upper "
+                f"bound ({bounds(wide)}) does not exclude {floor:.2f}, the smallest effect the "
+                "rule is known to detect here"
+                + (f" (it does for {bounds(narrow)})" if narrow else "")
+                + "."
             )
     return {
         "id": rule.id,
