@@ -61,9 +61,9 @@ def test_every_key_a_rule_reads_is_in_the_real_headline(rule, views: dict[str, V
     assert judged, f"no test model of family {rule.family}"
     for v in judged:
         v.missing.clear()
-        values = rule.effect(v)
+        effect = rule.effect(v)
         assert v.missing == set(), f"{rule.id} on {v.model} read keys no headline has"
-        assert len(values) == 1  # one seed: one value (NaN allowed: missing ≠ not a number)
+        assert len(effect.values) == 1  # one seed: one value (NaN allowed, with its reason)
 
 
 def test_a_renamed_condition_breaks_the_contract(views: dict[str, View]) -> None:

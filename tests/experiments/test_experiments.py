@@ -264,7 +264,7 @@ def test_analyze_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
     bad = tmp_path / "bad"
     assert main([*argv[:2], "--out", str(bad), "--experiments", "depth_profile,nope"]) == 2
     assert main([*argv[:2], "--out", str(bad), "--images", "3"]) == 2
-    assert "n_images" in capsys.readouterr().err
+    assert "--images must be at least 10" in capsys.readouterr().err
     for item, message in (
         ("depth_profile.colour=1", "unknown field depth_profile.colour"),
         ("depth_profile.draws=many", "depth_profile.draws must be int"),
@@ -280,3 +280,12 @@ def test_analyze_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
     assert main([*argv_set[:3], str(tmp_path / "set"), *argv_set[4:]]) == 0
     summary = json.loads((tmp_path / "set" / "analysis.json").read_text())
     assert summary["experiments"]["axis_map"]["config"]["draws"] == 5
+
+
+def test_random_planes_at_one_axis_count_run_whatever_n_planes_lists() -> None:
+    """The split rule compares each axis with as many random planes per head as one axis has
+    (16 at ViT-B's head dim 64): position_removal runs that count even when n_planes lacks it."""
+    m = tiny("rope_axial", dim=64, heads=2)  # head dim 32: 8 planes per axis
+    names = [c[0] for c in position_removal.conditions(m, position_removal.Config(n_planes=(2,)))]
+    assert "random_8/0" in names and "random_2/0" in names
+    assert not any(n.startswith("random_4") for n in names)

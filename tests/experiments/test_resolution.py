@@ -106,7 +106,10 @@ def test_rope_larger_run_is_the_model_on_the_larger_task(data: Task) -> None:
     # Every removal condition is measured at both sizes, the probe site is shared.
     names = [c.name for c in result.trained.conditions]
     assert names == [c.name for c in result.larger.conditions]
-    assert {"axis_row", "axis_col", "top_2", "random_2/0", "random_2/1"} == set(names)
+    # n_planes (2) plus one axis's count per head (4 at head dim 16), which position_removal
+    # always runs because the split rule compares each axis with exactly that many random planes
+    assert {"axis_row", "axis_col", "top_2", "random_2/0", "random_2/1", "top_4", "random_4/0",
+            "random_4/1"} == set(names)  # fmt: skip
     assert result.larger.intact.d_accuracy.mean == 0.0
     # The larger grid is probed at the site chosen at the trained grid, and only there.
     assert result.trained.baseline["probes"]["sites"] == [0, 1, 2]
