@@ -77,9 +77,7 @@ def load(
             "model.safetensors), and no config.json is beside it"
         )
     weights_path = (
-        Path(weights)
-        if weights is not None
-        else (path if path.is_file() else folder / WEIGHTS)
+        Path(weights) if weights is not None else (path if path.is_file() else folder / WEIGHTS)
     )
     raw = read_json(folder / CONFIG, "checkpoint config", MAX_CONFIG_BYTES)
     if not isinstance(raw, dict) or not isinstance(raw.get("model"), dict):

@@ -78,8 +78,6 @@ def test_a_renamed_condition_breaks_the_contract(views: dict[str, View]) -> None
 
 
 def test_verdict_names_are_the_schemas() -> None:
-    schema = json.loads(
-        (Path(__file__).parents[2] / "src/poslens/study/schema.json").read_text()
-    )
+    schema = json.loads((Path(__file__).parents[2] / "src/poslens/study/schema.json").read_text())
     assert schema["properties"]["claims"]["items"] == {"$ref": "#/$defs/claim"}
     assert tuple(schema["$defs"]["claim"]["properties"]["verdict"]["enum"]) == VERDICTS

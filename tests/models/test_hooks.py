@@ -158,7 +158,9 @@ def test_the_hook_vocabulary_names_real_hook_points() -> None:
         for b in range(m.cfg.depth):
             built += [h.resid_pre(b), h.resid_mid(b), h.resid_post(b), h.normalized(b, "ln1"),
                       h.normalized(b, "ln2"), h.block_out(b, "attn"), h.block_out(b, "mlp")]  # fmt: skip
-            built += [h.attn(b, n) for n in h.ATTN_HOOKS if posenc == "rope_axial" or "rot" not in n]
+            built += [
+                h.attn(b, n) for n in h.ATTN_HOOKS if posenc == "rope_axial" or "rot" not in n
+            ]
             assert h.block_of(h.resid_pre(b)) == h.block_of(h.attn(b, "pattern")) == b
             assert h.norm_of(h.normalized(b, "ln2")) == "ln2"
         assert set(built) <= names, sorted(set(built) - names)

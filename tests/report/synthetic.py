@@ -169,8 +169,14 @@ def make_study(out_dir: Path) -> dict[str, Any]:
             "caveats": ["quick preset"],
             "models": ["rope_axial"],
             "seeds": 2,
-            "measured": {"rope_axial": {"measured": 2, "seeds": 3, "missing": "seed 2: no variance",
-                                        "gate": None}},
+            "measured": {
+                "rope_axial": {
+                    "measured": 2,
+                    "seeds": 3,
+                    "missing": "seed 2: no variance",
+                    "gate": None,
+                }
+            },
         },
     ]
     stages = [

@@ -87,7 +87,6 @@ def check_page(driver: Any, page: Path, screenshot: Path) -> tuple[list[str], in
     number of figure images checked."""
     from selenium.webdriver.common.by import By
 
-
     driver.get_log("browser")  # drop entries from earlier pages
     driver.get(page.resolve().as_uri())
     problems: list[str] = []

@@ -87,6 +87,7 @@ class AxisMapResult:
         ]
         return {"planes": rows}
 
+
 def run(
     model: ViT,
     data: Task | None = None,
@@ -103,13 +104,9 @@ def plot(res: AxisMapResult) -> Figure:
     depth, H, P = a.score.shape
     fig = Figure(figsize=(11, 3.6), layout="constrained")
     ax1, ax2 = fig.subplots(1, 2, width_ratios=(1.4, 1))
-    im = ax1.imshow(
-        a.score.reshape(depth * H, P), cmap="RdBu_r", vmin=-1, vmax=1, aspect="auto"
-    )
+    im = ax1.imshow(a.score.reshape(depth * H, P), cmap="RdBu_r", vmin=-1, vmax=1, aspect="auto")
     ax1.set_yticks(np.arange(0, depth * H, H), [f"block {b}" for b in range(depth)], fontsize=7)
-    ax1.set(
-        xlabel="plane", title=f"axis score per block x head (+1 row, -1 column) · {res.counts}"
-    )
+    ax1.set(xlabel="plane", title=f"axis score per block x head (+1 row, -1 column) · {res.counts}")
     ax1.title.set_fontsize(8)
     fig.colorbar(im, ax=ax1, shrink=0.8)
     if ROPE_KIND.get(res.posenc) == "mixed":

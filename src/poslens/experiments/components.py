@@ -152,6 +152,7 @@ class Components(Header):
             out["patching"] = self.patching.rows
         return out
 
+
 @torch.no_grad()
 def run_patching(model: ViT, images: torch.Tensor, labels: torch.Tensor, cfg: Config) -> Patching:
     """Patch clean activations into the RPI run, for every site, block and donor control."""

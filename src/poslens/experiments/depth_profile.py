@@ -89,6 +89,7 @@ class DepthProfile(Header):
         probes += probe_rows(self.sites, self.control, model="random_init")
         return {"ssdc": ssdc, "probes": probes}
 
+
 @torch.no_grad()
 def _effective_ranks(model: ViT, images: torch.Tensor, cfg: ExperimentConfig) -> np.ndarray:
     """Effective rank of the centred patch tokens at every site, over all of `images` (batches
@@ -151,9 +152,7 @@ def plot(res: DepthProfile) -> Figure:
     ax1.plot(x, res.ssdc_clean, "s-", alpha=0.6, label="clean, raw")
     ax1.plot(x, res.control_ssdc_rpi, ":", color="grey", label="RPI, random init")
     ax1.axhline(0, color="black", lw=0.5)
-    ax1.set(
-        title=f"SSDC ({res.posenc})", xlabel="site (residual entering block)", ylim=(-1, 1)
-    )
+    ax1.set(title=f"SSDC ({res.posenc})", xlabel="site (residual entering block)", ylim=(-1, 1))
     for ax in (ax1, ax2):
         ax.set_xticks(x, res.sites)
         ax.grid(alpha=0.3)

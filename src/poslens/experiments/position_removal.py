@@ -140,7 +140,11 @@ def conditions(model: ViT, cfg: Config) -> list[tuple[str, Condition, dict[str, 
             mask = torch.as_tensor(amap.axis == axis)
             if mask.any():
                 out.append(
-                    (axis_condition(axis), planes_off(mask), {"kind": "axis", "planes": int(mask.sum())})
+                    (
+                        axis_condition(axis),
+                        planes_off(mask),
+                        {"kind": "axis", "planes": int(mask.sum())},
+                    )
                 )
         P = num_planes(model)
         # as many random planes per head as one axis has, whatever cfg.n_planes lists: the split
@@ -173,6 +177,7 @@ class PositionRemoval(Header):
     def tables(self) -> dict[str, list[dict[str, Any]]]:
         rows = [c.row(self.sites, self.probe_site) for c in [self.floor, *self.conditions]]
         return {"conditions": rows}
+
 
 def random_ns(conds: list[ConditionResult]) -> list[int]:
     return sorted({c.meta["n"] for c in conds if c.meta.get("kind") == "random"})

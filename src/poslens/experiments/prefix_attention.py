@@ -140,6 +140,7 @@ class PrefixAttention(Header):
         """Floor, blocked, floor + blocked (table order)."""
         return [self.floor, self.blocked, self.floor_blocked]
 
+
 def run(
     model: ViT, data: Task, cfg: ExperimentConfig | None = None, progress: bool = False
 ) -> PrefixAttention:
@@ -202,9 +203,7 @@ def plot(res: PrefixAttention) -> Figure:
     fig = Figure(figsize=(16, 3.8), layout="constrained")
     axes = fig.subplots(1, 4)
     x = np.arange(len(res.sites))
-    acc = {"intact": res.baseline["accuracy"]} | {
-        c.name: c.accuracy for c in res.conditions()
-    }
+    acc = {"intact": res.baseline["accuracy"]} | {c.name: c.accuracy for c in res.conditions()}
     styles = {"intact": "-o", "blocked": "--s", "floor_blocked": ":^"}
     for j, (ax, t) in enumerate(zip(axes[:3], TARGETS, strict=True)):
         for name, p in res.probes.items():

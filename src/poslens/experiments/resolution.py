@@ -157,6 +157,7 @@ class Resolution:
         change = [{"condition": k, **v} for k, v in self.size_change.items()]
         return {"conditions": rows, "size_change": change}
 
+
 def _grid(s: SizeResult) -> str:
     """ "12x12": the grid as a label."""
     return f"{s.grid[0]}x{s.grid[1]}"

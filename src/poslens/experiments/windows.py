@@ -153,7 +153,13 @@ def conditions(model: ViT, cfg: Config) -> list[tuple[str, str, list[int], Condi
     out: list[tuple[str, str, list[int], Condition, int]] = []
     for k in ks:
         out.append(
-            (prefix_window(k), "prefix", list(range(k + 1)), planes_off(_all(model), range(k + 1)), 0)
+            (
+                prefix_window(k),
+                "prefix",
+                list(range(k + 1)),
+                planes_off(_all(model), range(k + 1)),
+                0,
+            )
         )
     for k in range(1, depth):
         out.append(
@@ -251,6 +257,7 @@ class Windows(Header):
 
     def by_kind(self, kind: str) -> list[Window]:
         return [w for w in self.windows if w.kind == kind]
+
 
 def _curves(r: Readout) -> dict[str, Any]:
     out: dict[str, Any] = {

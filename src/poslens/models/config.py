@@ -25,6 +25,8 @@ def posenc_family(posenc: str) -> str:
     if posenc in ROPE_KIND:
         return "rotary"
     return "additive" if posenc in ADDITIVE else "none"
+
+
 ROPE_LAYOUTS = ("interleaved", "half")
 ROPE_COORDS = ("index", "centered")
 POOLS = ("cls", "mean")
@@ -168,7 +170,7 @@ class ModelConfig:
 
     @property
     def rope_kind(self) -> str | None:
-        """"axial" (fixed per-axis frequencies), "mixed" (learned 2-D frequencies) or None."""
+        """ "axial" (fixed per-axis frequencies), "mixed" (learned 2-D frequencies) or None."""
         return ROPE_KIND.get(self.posenc)
 
     @property

@@ -78,7 +78,6 @@ def norm_of(name: str) -> str | None:
     return None
 
 
-
 class HookPoint(nn.Module):
     """Identity module marking a place in the forward pass; its full name is set by the model."""
 

@@ -111,9 +111,7 @@ def fmt_test(j: Judged) -> str:
 
 def _study_views(rule: Rule, views: dict[str, View], pretrained: bool) -> list[View]:
     if pretrained:
-        return [
-            v for v in views.values() if rule.applies_to(v.family) and v.seeds(rule.experiment)
-        ]
+        return [v for v in views.values() if rule.applies_to(v.family) and v.seeds(rule.experiment)]
     return [views[m] for m in rule.study if m in views and views[m].seeds(rule.experiment)]
 
 
@@ -166,7 +164,9 @@ def _calibration(rule: Rule, controls: list[Judged]) -> dict[str, Any]:
                 and len(counted) + len(degenerate) == len(negatives))  # fmt: skip
     return {
         "controls": rows,
-        "sensitivity": sum(c["detected"] for c in positives) / len(positives) if positives else None,
+        "sensitivity": sum(c["detected"] for c in positives) / len(positives)
+        if positives
+        else None,
         "specificity": sum(not c["detected"] for c in counted) / len(counted) if counted else None,
         "complete": complete,
         "sensitivity_only": complete and not counted,

@@ -255,9 +255,12 @@ def finish_run(
     refusal of non-finite weights, then `save()` (the final checkpoint) and metrics.json last, so
     the folder is finished only once everything before it is on disk. `write` False (torchrun
     ranks other than 0): the metrics only. Returns the metrics."""
-    metrics = run_metrics(
-        cfg, task, scores, history, precision, num_params, trained_images, seconds, resumed_from
-    ) | extra
+    metrics = (
+        run_metrics(
+            cfg, task, scores, history, precision, num_params, trained_images, seconds, resumed_from
+        )
+        | extra
+    )
     if not finite:
         raise TrainingDiverged(
             f"training ended with non-finite weights{who} (train.lr={cfg.train.lr:g}); "

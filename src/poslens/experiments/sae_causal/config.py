@@ -71,11 +71,7 @@ def applies(model: ViT) -> str | None:
 
 def normalised_hook(model: ViT, block: int) -> str:
     """The normalised residual entering `block` (the final norm's output for the last site)."""
-    return (
-        hooks.FINAL_NORM
-        if block == model.cfg.depth
-        else hooks.normalized(block)
-    )
+    return hooks.FINAL_NORM if block == model.cfg.depth else hooks.normalized(block)
 
 
 def early_block(model: ViT) -> int:
