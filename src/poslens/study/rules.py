@@ -38,9 +38,6 @@ class View:
     def family(self) -> str:
         return posenc_family(self.posenc)
 
-    def has(self, exp: str, key: str) -> bool:
-        return exp in self.agg and key in self.agg[exp] and self.agg[exp][key]["n"] > 0
-
     def values(self, exp: str, key: str) -> Values:
         """Per-seed values in seed order (NaN where missing); [] when the experiment did not run."""
         if exp not in self.agg:
@@ -50,10 +47,6 @@ class View:
             self.missing.add((exp, key))
         vals = self.agg[exp].get(key, {}).get("values", [math.nan] * n)
         return [math.nan if v is None else float(v) for v in vals]
-
-    def mean(self, exp: str, key: str) -> float:
-        m = self.agg.get(exp, {}).get(key, {}).get("mean")
-        return float(m) if m is not None else math.nan
 
     def seeds(self, exp: str) -> int:
         return sum(1 for r in self.runs if exp in r["experiments"])

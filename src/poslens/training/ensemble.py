@@ -45,6 +45,7 @@ from poslens.training.train import (
     lr_at,
     make_optimizer,
     model_config_for,
+    run_metrics,
     score,
     stop_step,
     withheld_blocks,
@@ -268,10 +269,12 @@ def _finish(
     for s in slots:
         m = members[s]
         m.seconds += elapsed
+        metrics = run_metrics(
+            m.cfg, task, scores[s], histories[s], precision, model.num_params(),
+            m.trained_images, m.seconds, m.resumed_from,
+        )  # fmt: skip
         out[s] = finish_run(
-            m.out, m.cfg, task, scores[s], histories[s], precision=precision,
-            num_params=model.num_params(), trained_images=m.trained_images, seconds=m.seconds,
-            resumed_from=m.resumed_from, extra=extra,
+            m.out, metrics | extra, lr=m.cfg.train.lr,
             finite=all(bool(torch.isfinite(p[s]).all()) for _, p in model.named_stacked()),
             save=lambda s=s, m=m: _save([m], model, opt, step, [histories[s]], index=[s]),
             who=f" in seed {m.cfg.train.seed}",

@@ -235,35 +235,21 @@ def final_scores(
 
 def finish_run(
     out: Path,
-    cfg: RunConfig,
-    task: Task,
-    scores: dict[str, dict[str, float]],
-    history: list,
+    metrics: dict[str, Any],
     *,
-    precision: str,
-    num_params: int,
-    trained_images: int,
-    seconds: float,
-    resumed_from: int,
-    extra: dict[str, Any],
+    lr: float,
     finite: bool,
     save: Callable[[], None],
     write: bool = True,
     who: str = "",
 ) -> dict[str, Any]:
-    """End one run, single or a member of an ensemble: its metrics (run_metrics + `extra`), the
-    refusal of non-finite weights, then `save()` (the final checkpoint) and metrics.json last, so
-    the folder is finished only once everything before it is on disk. `write` False (torchrun
-    ranks other than 0): the metrics only. Returns the metrics."""
-    metrics = (
-        run_metrics(
-            cfg, task, scores, history, precision, num_params, trained_images, seconds, resumed_from
-        )
-        | extra
-    )
+    """End one run, single or a member of an ensemble, with its `metrics` (run_metrics and what
+    the caller adds): refuse non-finite weights, then `save()` (the final checkpoint) and write
+    metrics.json last, so the folder is finished only once everything before it is on disk.
+    `write` False (torchrun ranks other than 0): nothing is written. Returns the metrics."""
     if not finite:
         raise TrainingDiverged(
-            f"training ended with non-finite weights{who} (train.lr={cfg.train.lr:g}); "
+            f"training ended with non-finite weights{who} (train.lr={lr:g}); "
             f"nothing in {out} was marked finished"
         )
     if write:
@@ -364,9 +350,11 @@ def train(
     if world > 1:
         extra["processes"] = world
     scores = final_scores(lambda x: model(x)[None], 1, dev, task, cfg, end, precision)[0]
+    metrics = run_metrics(
+        cfg, task, scores, history, precision, model.num_params(), trained_images, wall, start
+    )
     metrics = finish_run(
-        out, cfg, task, scores, history, precision=precision, num_params=model.num_params(),
-        trained_images=trained_images, seconds=wall, resumed_from=start, extra=extra,
+        out, metrics | extra, lr=cfg.train.lr,
         finite=all(bool(torch.isfinite(p).all()) for p in model.parameters()),
         save=lambda: save_checkpoint(out, model, opt, cfg, end, history), write=main_rank,
     )  # fmt: skip

@@ -274,7 +274,7 @@ class Heads(Header):
                 "top_d_accuracy_intact": top.d_accuracy_intact.mean,
                 "held_out": self._held_out(rows),
             }
-            out[f"rebuilding/{kind}"] = entry  # rebuilding_key(kind, ...)
+            out[f"rebuilding/{kind}"] = entry
         out["any_rebuilder"] = any_rebuilder
         for key, corr in self.consistency().items():
             out[f"{CONSISTENCY}/{key}"] = corr
@@ -372,11 +372,6 @@ def consistency_key(measure: str, kind: str, stat: str = "pearson") -> str:
     """The headline key of one consistency correlation (Heads.consistency): `measure` across
     units of `kind` ("head", "block_head"), statistic `stat` ("pearson", "spearman", "n", ...)."""
     return f"{CONSISTENCY}/{measure}/{kind}.{stat}"
-
-
-def rebuilding_key(kind: str, number: str) -> str:
-    """The headline key of one rebuilding number of `kind` units (e.g. "held_out.excess")."""
-    return f"rebuilding/{kind}.{number}"
 
 
 def headline(doc: dict[str, Any]) -> Headline:
