@@ -81,12 +81,14 @@ def test_members_equal_separate_runs(tmp_path: Path, posenc: str, seeds: list[in
 
 
 def test_calibration_models_train_as_ensembles_like_separate_runs(tmp_path: Path) -> None:
-    """The rebuilding control (head-split planes, rotations withheld early on half the steps)
-    and a planted, frozen APE code: the ensemble withholds the same steps and keeps the code
-    frozen, as separate runs do."""
+    """The rebuilding control (head-split planes, rotations withheld early on half the steps),
+    a planted, frozen APE code, and that code with the patches permuted at every step: the
+    ensemble withholds the same steps, keeps the code frozen and permutes the patches as
+    separate runs do."""
     for name, posenc, model_kw, train_kw in (
         ("rebuild", "rope_axial", {"rope_variant": "head_split"}, {"rotary_dropout": 0.5}),
         ("cell", "ape", {"ape_code": "cell"}, {}),
+        ("shuffled", "ape", {"ape_code": "rowcol"}, {"permute_patches": True}),
     ):
         cfgs = [run_cfg(posenc, s, model_kw=model_kw, **train_kw) for s in (0, 1)]
         outs = [tmp_path / f"{name}_ens{s}" for s in (0, 1)]

@@ -21,9 +21,16 @@ from poslens.io import MAX_CONFIG_BYTES
 from poslens.models.config import POSENCS, ModelConfig
 
 PRECISIONS = ("auto", "fp32", "bf16")
+# Where train.rotary_dropout withholds rotations (TrainConfig.rotary_windows, train.withheld_blocks)
+ROTARY_WINDOWS = ("halves", "held_out", "late")
 # TrainConfig fields added after the first release, with the default that RunConfig.to_dict leaves
 # out, so that saved configs (and the study's checkpoint hashes) written before them stay the same.
-LATER_TRAIN_FIELDS: dict[str, Any] = {"stop_acc": 0.0, "rotary_dropout": 0.0}
+LATER_TRAIN_FIELDS: dict[str, Any] = {
+    "stop_acc": 0.0,
+    "rotary_dropout": 0.0,
+    "rotary_windows": "halves",
+    "permute_patches": False,
+}
 # Early stopping: the run stops once this many consecutive evaluations reach train.stop_acc.
 STOP_EVALS = 2
 # Model fields that always come from the data task, so the two can never disagree.
@@ -50,11 +57,21 @@ class TrainConfig:
     ckpt_every: int = 250
     seed: int = 0
     threads: int = 0  # torch intra-op threads; 0 = all cores
-    # Probability per step that rotations are withheld in the first half of the blocks, and (as
-    # much again) in the second half, for the whole batch, drawn from (data seed, step): trains a
-    # RoPE model whose two halves each suffice, so the later blocks take over position when the
-    # early ones lose it (the calibration model rope_rebuild).
+    # Probability per step that rotations are withheld in an early window of the blocks, and (as
+    # much again) in a late one, for the whole batch, drawn from (data seed, step): trains a RoPE
+    # model whose later blocks take over position when the early ones lose it (rope_rebuild).
     rotary_dropout: float = 0.0
+    # Which windows rotary_dropout withholds: "halves" the first half (0..depth//2-1) or the
+    # second (depth//2..depth-1); "held_out" a random prefix 0..j or suffix j..depth-1 other
+    # than those two halves (held_out_windows), which are the windows the study tests on
+    # (rebuild_test_windows), so a model trained this way is tested on a window it never saw;
+    # "late" the second half only (the later blocks do without their rotations, but never see
+    # early rotations withheld).
+    rotary_windows: str = "halves"
+    # Permute the patch tokens at every step with a fresh random permutation drawn from
+    # (data seed, step), before any position is added (random permutation at inference, applied
+    # in training): position is present in the model but unusable for the task.
+    permute_patches: bool = False
     # Early stopping: stop once the periodic validation accuracy (eval_every, on eval_images) is
     # at least stop_acc at STOP_EVALS consecutive evaluations; 0 trains all `steps`. The schedule
     # still spans `steps`; metrics.json records the step it stopped at ("stopped_at").
@@ -79,6 +96,7 @@ class TrainConfig:
         if not 0 <= self.warmup_frac < 1:
             raise ConfigError(f"train.warmup_frac must be in [0, 1), got {self.warmup_frac!r}")
         one_of("train.precision", self.precision, PRECISIONS)
+        one_of("train.rotary_windows", self.rotary_windows, ROTARY_WINDOWS)
         v = self.stop_acc
         if not (isinstance(v, int | float) and not isinstance(v, bool) and 0 <= v <= 1):
             raise ConfigError(f"train.stop_acc must be in [0, 1], got {self.stop_acc!r}")
@@ -92,6 +110,22 @@ class TrainConfig:
         return d
 
 
+def rebuild_test_windows(depth: int) -> tuple[range, range]:
+    """The blocks whose rotations the rebuild claim withholds: the prefix 0..depth//2-1 and the
+    suffix depth//2..depth-1. rotary_windows "held_out" never trains on either."""
+    return range(depth // 2), range(depth // 2, depth)
+
+
+def held_out_windows(depth: int) -> tuple[list[range], list[range]]:
+    """The prefixes 0..j and the suffixes j..depth-1 that rotary_windows "held_out" withholds:
+    every window short of all the blocks, except the two rebuild_test_windows (depth 4: prefixes
+    0..0 and 0..2, suffixes 1..3 and 3..3). Either list is empty below depth 3."""
+    test_prefix, test_suffix = rebuild_test_windows(depth)
+    prefixes = [range(j + 1) for j in range(depth - 1) if range(j + 1) != test_prefix]
+    suffixes = [range(j, depth) for j in range(1, depth) if range(j, depth) != test_suffix]
+    return prefixes, suffixes
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """Everything that defines a trained model: its shape, its data and how it was trained."""
@@ -99,6 +133,14 @@ class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+
+    def __post_init__(self) -> None:
+        if self.train.rotary_windows == "held_out" and not all(held_out_windows(self.model.depth)):
+            raise ConfigError(
+                f"train.rotary_windows='held_out' needs model.depth >= 3 (a prefix and a suffix "
+                f"window other than the two halves the study tests on), got depth "
+                f"{self.model.depth}"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -45,6 +45,7 @@ from poslens.training.train import (
     lr_at,
     make_optimizer,
     model_config_for,
+    permuted_patches,
     run_metrics,
     score,
     stop_step,
@@ -174,6 +175,7 @@ def _run(
     with TrainProgress(total, start, enabled=progress, label=label) as bar:
         for step in range(start, stop):
             x, y = task.train_batch(step, bs)
+            x = permuted_patches(cfg, step, x)
             lr = lr_at(step, total, cfg.train.lr, cfg.train.warmup_frac)
             withheld = withheld_blocks(cfg, step)
             losses = train_step(
@@ -293,7 +295,7 @@ def train_step(
     withheld: range = range(0),
 ) -> torch.Tensor:
     """One AdamW step of every member on the batch x [B, C, H, W], y [B]; their losses [S].
-    withheld: the blocks whose rotations are off at this step (train.rotary_dropout)."""
+    withheld: the blocks whose rotations are off at this step (withheld_blocks)."""
     for g in opt.param_groups:
         g["lr"] = lr
     with autocast(x.device, precision):

@@ -26,7 +26,7 @@ from poslens.data import Task, build_task
 from poslens.errors import CheckpointError, ConfigError, UserError
 from poslens.models.vit import ViT, build_model
 from poslens.precision import autocast, resolve_precision
-from poslens.training.config import STOP_EVALS, RunConfig
+from poslens.training.config import STOP_EVALS, RunConfig, held_out_windows
 from poslens.training.progress import TrainProgress
 
 
@@ -34,19 +34,35 @@ class TrainingDiverged(UserError):
     """The loss (or a weight) stopped being finite: the run is stopped, never marked finished."""
 
 
+def step_seed(cfg: RunConfig, step: int, stream: int = 0) -> int:
+    """A torch seed drawn from (data seed, step) alone, so every seed of one config (and a resumed
+    run) sees the same schedule; `stream` 0 the rotary schedule (its seed since the first
+    release), 1 the patch permutation."""
+    return (1_000_003 * cfg.data.seed + step + stream * 2**62) % 2**64
+
+
 def withheld_blocks(cfg: RunConfig, step: int) -> range:
-    """The blocks whose rotations train.rotary_dropout withholds at this step: the first half of
-    the blocks with probability p, the second half with probability p, else none (never both).
-    Drawn from (data seed, step) alone, so every seed of one config (and a resumed run) sees the
-    same schedule."""
-    p, depth = cfg.train.rotary_dropout, cfg.model.depth
+    """The blocks whose rotations train.rotary_dropout withholds at this step, per
+    train.rotary_windows: "halves" the first half of the blocks with probability p, the second
+    half with probability p; "held_out" a random prefix window with probability p, a random
+    suffix window with probability p, each uniform over held_out_windows; "late" the second half
+    with probability p. Otherwise (and never two windows at once) none."""
+    p, depth, windows = cfg.train.rotary_dropout, cfg.model.depth, cfg.train.rotary_windows
     if p <= 0:
         return range(0)
-    g = torch.Generator().manual_seed(1_000_003 * cfg.data.seed + step)
+    g = torch.Generator().manual_seed(step_seed(cfg, step))
     u = float(torch.rand((), generator=g))
-    if u < p:
-        return range(depth // 2)
-    return range(depth // 2, depth) if u < 2 * p else range(0)
+    if windows == "late":
+        return range(depth // 2, depth) if u < p else range(0)
+    if windows == "halves":
+        if u < p:
+            return range(depth // 2)
+        return range(depth // 2, depth) if u < 2 * p else range(0)
+    if u >= 2 * p:
+        return range(0)
+    prefixes, suffixes = held_out_windows(depth)
+    choices = prefixes if u < p else suffixes
+    return choices[int(torch.randint(len(choices), (), generator=g))]
 
 
 def withheld_rotations(
@@ -59,6 +75,25 @@ def withheld_rotations(
     from poslens.interventions import rotary_mask
 
     return rotary_mask(model, blocks=blocks)
+
+
+def permuted_patches(cfg: RunConfig, step: int, images: torch.Tensor) -> torch.Tensor:
+    """The batch images [B, C, H, W] of this step, their patches permuted under
+    train.permute_patches by seeded_permutation, one per step drawn from (data seed, step) (else
+    unchanged). Patch i of the result is patch perm[i] (row-major) of the input: the patch
+    embedding reads each patch alone, so this is rpi's permutation of the patch embeddings,
+    before any position is added, and the same for train() and the ensemble."""
+    if not cfg.train.permute_patches:
+        return images
+    from poslens.interventions import seeded_permutation
+
+    B, C, H, W = images.shape
+    p = cfg.model.patch_size
+    gh, gw = H // p, W // p
+    perm = seeded_permutation(gh * gw, step_seed(cfg, step, stream=1))
+    patches = images.reshape(B, C, gh, p, gw, p).permute(0, 2, 4, 1, 3, 5).flatten(1, 2)
+    patches = patches[:, perm]  # [B, N, C, p, p], N row-major
+    return patches.unflatten(1, (gh, gw)).permute(0, 3, 1, 4, 2, 5).reshape(B, C, H, W)
 
 
 def lr_at(step: int, total: int, base: float, warmup_frac: float) -> float:
@@ -312,6 +347,7 @@ def train(
     with bar:
         for step in range(start, total if stopped_at is None else start):
             x, y = task.train_batch(step, bs)
+            x = permuted_patches(cfg, step, x)
             x, y = x[shard].to(dev), y[shard].to(dev)
             lr = lr_at(step, total, cfg.train.lr, cfg.train.warmup_frac)
             for g in opt.param_groups:
