@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -85,11 +87,12 @@ def test_calibration_presets_and_config_checks() -> None:
 
 
 def test_rotary_dropout_schedule_is_shared_by_seeds_and_resumable() -> None:
-    cfg = preset("rope_rebuild")  # depth 6: the halves are blocks 0-2 and 3-5
+    # rotary_windows "halves", depth 6: the halves are blocks 0-2 and 3-5
+    cfg = RunConfig(preset("rope_rebuild").model, train=TrainConfig(rotary_dropout=1 / 3))
     steps = [withheld_blocks(cfg, s) for s in range(600)]
     early, late = steps.count(range(3)), steps.count(range(3, 6))
     assert early + late + steps.count(range(0)) == 600  # one half, the other, or none
     assert 150 < early < 250 and 150 < late < 250
-    other_seed = RunConfig(cfg.model, cfg.data, TrainConfig(seed=7, rotary_dropout=1 / 3))
+    other_seed = RunConfig(cfg.model, cfg.data, dataclasses.replace(cfg.train, seed=7))
     assert steps == [withheld_blocks(other_seed, s) for s in range(600)]  # data seed decides
     assert not any(withheld_blocks(preset("rope_axial"), s) for s in range(50))

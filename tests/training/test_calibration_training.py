@@ -19,6 +19,7 @@ from poslens.training.config import (
     TrainConfig,
     apply_overrides,
     held_out_windows,
+    preset,
     rebuild_test_windows,
 )
 from poslens.training.train import permuted_patches, step_seed, withheld_blocks
@@ -121,6 +122,30 @@ def test_training_with_permuted_patches(tmp_path: Path) -> None:
     assert max_diff(weights("none", True), weights("none", False)) < 1e-5
     rowcol = {"ape_code": "rowcol"}
     assert max_diff(weights("ape", True, **rowcol), weights("ape", False, **rowcol)) > 1e-4
+
+
+def test_calibration_presets_parse_and_keep_old_configs_unchanged() -> None:
+    rb, late, shuffled = preset("rope_rebuild"), preset("rope_late"), preset("ape_shuffled")
+    assert (rb.model.rope_variant, rb.train.rotary_windows) == ("head_split", "held_out")
+    assert rb.train.rotary_dropout == pytest.approx(1 / 3)
+    assert (late.model.posenc, late.model.rope_variant, late.model.rope_blocks) == (
+        "rope_axial", "standard", "all",
+    )  # fmt: skip
+    assert (late.train.rotary_dropout, late.train.rotary_windows) == (0.5, "late")
+    assert (shuffled.model.posenc, shuffled.model.ape_code) == ("ape", "rowcol")
+    assert shuffled.train.permute_patches and not preset("ape_rowcol").train.permute_patches
+    for cfg in (rb, late, shuffled):  # [train] as a checkpoint's config.json holds it
+        assert RunConfig.from_dict({"train": cfg.to_dict()["train"]}).train == cfg.train
+    # at their defaults the new fields stay out of saved configs: the first release's keys
+    first_release = {
+        "steps", "batch_size", "lr", "weight_decay", "warmup_frac", "grad_clip", "precision",
+        "eval_every", "eval_images", "ckpt_every", "seed", "threads",
+    }  # fmt: skip
+    assert set(preset("rope_axial").to_dict()["train"]) == first_release
+    assert shuffled.to_dict()["train"]["permute_patches"] is True
+    assert "rotary_windows" not in shuffled.to_dict()["train"]
+    with pytest.raises(ConfigError, match="train.rotary_windows"):  # the study's small models
+        apply_overrides(rb, ["model.depth=2"])
 
 
 def test_config_errors_name_the_field() -> None:

@@ -183,15 +183,32 @@ CALIBRATION: dict[str, dict[str, dict[str, Any]]] = {
     "ape_cell": {"model": {"posenc": "ape", "ape_code": "cell"}},
     # axial planes turned 45 degrees: no plane follows one axis
     "rope_oblique": {"model": {"posenc": "rope_axial", "rope_variant": "oblique"}},
-    # heads of one axis each, trained with the early or the late blocks' rotations withheld a
-    # third of the time each: either half suffices, so later (axis-specialised) heads take over
-    # position when it is withheld early (compensation by design)
+    # positive control for rebuilding: heads of one axis each, trained with rotations withheld in
+    # a random early window (0..j) a third of the time and a random late one (j..end) a third of
+    # the time, never the two halves the study tests on (rebuild_test_windows): later
+    # (axis-specialised) heads learn to take over position when it is withheld early, and are
+    # tested on a window they were not trained on
     "rope_rebuild": {
         "model": {"posenc": "rope_axial", "rope_variant": "head_split"},
-        "train": {"rotary_dropout": 1 / 3},
+        "train": {"rotary_dropout": 1 / 3, "rotary_windows": "held_out"},
     },
     # rotations in the first half of the blocks only: later blocks cannot rebuild through them
     "rope_early": {"model": {"posenc": "rope_axial", "rope_blocks": "first_half"}},
+    # negative control for rebuilding: every block rotates, so the later blocks carry a
+    # measurable position signal, and half the steps train them without their own rotations; but
+    # early rotations are never withheld, so nothing trains them to compensate for an early window
+    "rope_late": {
+        "model": {"posenc": "rope_axial"},
+        "train": {"rotary_dropout": 0.5, "rotary_windows": "late"},
+    },
+    # negative control for position mattering: the planted, frozen row + column table of
+    # ape_rowcol (row/column features present by design), but the patches are permuted at every
+    # training step, so position is unusable: zeroing those features or removing position should
+    # cost no accuracy (the model can read the glyph, not the arrangement: about 25% on relation)
+    "ape_shuffled": {
+        "model": {"posenc": "ape", "ape_code": "rowcol"},
+        "train": {"permute_patches": True},
+    },
 }
 PRESETS = (*POSENCS, *CALIBRATION)
 
