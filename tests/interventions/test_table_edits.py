@@ -92,3 +92,15 @@ def test_table_edit_needs_a_learned_table_and_a_matching_grid() -> None:
         table_part(torch.zeros(1, 16, 8), (4, 4), "diagonal")
     with pytest.raises(UserError, match="not a 2x4 grid"):
         table_part(torch.randn(1, 16, 8), (2, 4), "rowcol")
+
+
+def test_on_another_grid_the_part_is_of_the_table_read_there() -> None:
+    model = tiny("ape")  # trained on 4 x 4; a 2 x 8 grid has as many tokens
+    x = torch.randn(1, 1, 8, 32, generator=torch.Generator().manual_seed(4))
+    with ape_table_part(model, "cell"):
+        _, cache = model.run_with_cache(x, hooks.POS_EMBED)
+    seen = cache[hooks.POS_EMBED][0].reshape(2, 8, -1)
+    read = model.pos_embed_for(2, 8).detach()[0].reshape(2, 8, -1)  # decomposed as 2 x 8
+    cell = row_col_parts(read)[1]
+    torch.testing.assert_close(seen.double(), cell * (read.norm() / cell.norm()))
+    assert not model.patch_embed._forward_hooks  # the grid reader is gone

@@ -73,17 +73,27 @@ def _require_table(model: ViT) -> None:
 
 
 @contextlib.contextmanager
-def ape_table_part(model: ViT, part: str, grid: tuple[int, int] | None = None) -> Iterator[None]:
+def ape_table_part(model: ViT, part: str) -> Iterator[None]:
     """The position table the patches get replaced by one of its parts at the table's norm
     (`table_part`), through hook_pos_embed: "rowcol" keeps only what rows and columns add,
-    "cell" only what the cells add beyond that. The table holds patch rows only (a converted
-    model's prefix-token rows are folded into its CLS / register tokens), so prefix tokens are
-    unchanged. `grid` (default the training grid) is the grid of the images it will see."""
+    "cell" only what the cells add beyond that. On another grid the part is taken of the
+    resampled table the model reads there. The table holds patch rows only (a converted model's
+    prefix-token rows are folded into its CLS / register tokens), so prefix tokens are unchanged.
+    """
     _require_table(model)
-    g = grid or (model.cfg.grid, model.cfg.grid)
-    table_part(model.pos_embed_for(*g).detach(), g, part)  # UserError now, not inside a forward
-    with model.hooks([(hooks.POS_EMBED, lambda pos, _n: table_part(pos, g, part))]):
-        yield
+    g = model.cfg.grid
+    table_part(model.pos_embed_for(g, g).detach(), (g, g), part)  # UserError now, not mid-forward
+    grid = [(g, g)]
+
+    def read_grid(_m: torch.nn.Module, _x: object, out: torch.Tensor) -> None:
+        grid[0] = (out.shape[-2], out.shape[-1])  # patch embeddings [B, D, gh, gw]: the grid
+
+    handle = model.patch_embed.register_forward_hook(read_grid)  # reads only; removed below
+    try:
+        with model.hooks([(hooks.POS_EMBED, lambda pos, _n: table_part(pos, grid[0], part))]):
+            yield
+    finally:
+        handle.remove()
 
 
 def _permute_tokens(seed: int) -> tuple[HookFn, Callable[[int], torch.Tensor]]:
