@@ -103,6 +103,10 @@ def load(
     model = ViT(cfg)
     check_state_dict(state, model.state_dict(), str(weights_path))
     model.load_state_dict(state)
+    train = raw.get("train")  # a trained checkpoint's: its seed is the one build_model was given
+    seed = train.get("seed") if isinstance(train, dict) else None
+    if isinstance(seed, int) and not isinstance(seed, bool):
+        model.init_seed = seed
     return model.to(torch.device(device)).eval()
 
 

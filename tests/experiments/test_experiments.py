@@ -140,7 +140,9 @@ def test_component_windows_partition_the_depth() -> None:
 def test_removal_conditions_per_encoding() -> None:
     cfg = position_removal.Config(n_planes=(2, 4), draws=2)
     names = [c[0] for c in position_removal.conditions(model("ape"), cfg)]
-    assert names == ["ape_zero", "ape_permute"]
+    assert names == ["ape_zero", "ape_permute", "table_rowcol", "table_cell"]
+    names = [c[0] for c in position_removal.conditions(model("sincos"), cfg)]
+    assert names == ["ape_zero", "ape_permute"]  # a fixed table: nothing learned to split
     rope = model()
     names = [c[0] for c in position_removal.conditions(rope, cfg)]
     assert names[:2] == ["axis_row", "axis_col"]

@@ -173,3 +173,17 @@ def test_patch_only_some_tokens(images: torch.Tensor) -> None:
     got = c["blocks.1.hook_resid_pre"]
     assert torch.equal(got[:, 1:3], torch.zeros_like(got[:, 1:3]))
     assert torch.equal(got[:, 3:], cache["blocks.1.hook_resid_pre"][:, 3:])
+
+
+def test_pre_rotation_axes_follow_the_oblique_construction() -> None:
+    from poslens.interventions.rotary import pre_rotation_axes
+
+    with pytest.raises(UserError, match="oblique"):
+        pre_rotation_axes(tiny("rope_axial"))
+    model = tiny("rope_axial", rope_variant="oblique", depth=4, rope_blocks="first_half")
+    axes = pre_rotation_axes(model)  # [depth, H, P]: 8 planes, columns first (posenc._axial)
+    assert (axes[:2] == np.array(["col"] * 4 + ["row"] * 4)).all()
+    assert (axes[2:] == "none").all()  # blocks 2, 3 do not rotate
+    # the angles agree: the column planes turn by 45 degrees, onto the main diagonal
+    direction = axis_map(model).direction_deg[:2]
+    np.testing.assert_allclose(direction[axes[:2] == "col"], 45.0, atol=1e-6)

@@ -1,14 +1,19 @@
 """Position removal: what is left when positional signals are taken away, in whole or in part.
 
-APE-like models: the added embedding zeroed, and permuted across positions. RoPE models: the floor
-(every plane in every block), one axis's planes (`axis_row`, `axis_col`, from the axis map), the
-n highest-frequency planes (half per axis) and n random planes per head (several seeded draws).
+APE-like models: the added embedding zeroed, and permuted across positions; where the table is
+learned (or planted), the table replaced by its least-squares row + column part alone and by its
+cell residual alone, each at the table's norm (a direct edit of what the SAE claims to decompose).
+RoPE models: the floor (every plane in every block), one axis's planes (`axis_row`, `axis_col`,
+from the axis map; on an oblique model from the planes' pre-rotation axes, the split's negative
+control), the n highest-frequency planes (half per axis) and n random planes per head (several
+seeded draws, always including one axis's count per head).
 Each condition reports accuracy and margin with paired SE, RPI-SSDC per site, probes at the probe
 site and retention against the floor.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -38,11 +43,12 @@ from poslens.experiments.readout import (
     site_labels,
     summarise,
 )
-from poslens.interventions import ape_permute, ape_zero, axis_map
-from poslens.interventions.rotary import AxisMap, num_planes
+from poslens.interventions import ape_permute, ape_table_part, ape_zero, axis_map
+from poslens.interventions.position import zero_table_part
+from poslens.interventions.rotary import AxisMap, num_planes, pre_rotation_axes
 from poslens.limits import check_count
 from poslens.metrics.probes import TARGETS
-from poslens.metrics.stats import sem
+from poslens.metrics.stats import row_col_share, sem
 from poslens.models.vit import ViT
 from poslens.progress import track
 
@@ -106,7 +112,22 @@ def top_frequency_mask(model: ViT, n: int, amap: AxisMap | None = None) -> torch
 # The names every reader of this experiment's headline uses (rules, figures): `key(condition,
 # number)`, with the conditions named by the functions below, as run() names them.
 
-INTACT, FLOOR = "intact", "floor"
+INTACT, FLOOR, APE_ZERO = "intact", "floor", "ape_zero"
+# the position table replaced by its row + column part alone / its cell residual alone
+TABLE_ROWCOL, TABLE_CELL = "table_rowcol", "table_cell"
+TABLE_PART = {TABLE_ROWCOL: "rowcol", TABLE_CELL: "cell"}  # condition -> interventions' part
+# 1.0 where the axis conditions took each plane's pre-rotation axis (oblique), 0.0 the axis map's
+AXES_PRE_ROTATION = "axes_pre_rotation"
+AXIS_PLANES_PER_HEAD = "axis_planes_per_head"  # planes per head of one axis: the random count
+
+
+def table_key(number: str) -> str:
+    """The headline key of one number of the position table (row_share, col_share,
+    rowcol_share: metrics.stats.row_col_share), as sae_causal names it."""
+    return f"table.{number}"
+
+
+TABLE_ROWCOL_SHARE = table_key("rowcol_share")
 
 
 def axis_condition(axis: str) -> str:
@@ -127,29 +148,55 @@ def random_counts(keys: Iterable[str]) -> list[int]:
     return counts_in(keys, random_condition)
 
 
+def plane_axes(model: ViT, amap: AxisMap | None = None) -> tuple[np.ndarray, str]:
+    """[depth, H, P] the axis each plane is assigned for the axis conditions, and where from:
+    "angles" (the axis map), or "pre_rotation" on an oblique model, whose angles follow the
+    diagonals, so that the split's negative control is measured rather than skipped."""
+    amap = amap or axis_map(model)
+    if model.cfg.rope_variant == "oblique":
+        return pre_rotation_axes(model, amap), "pre_rotation"
+    return amap.axis, "angles"
+
+
+def axis_planes_per_head(model: ViT, axes: np.ndarray) -> int:
+    """Planes per head that follow the row (axes [depth, H, P] from plane_axes), rounded."""
+    return round(int((axes == "row").sum()) / (model.cfg.depth * model.cfg.heads))
+
+
+def skipped_conditions(model: ViT) -> dict[str, str]:
+    """The conditions this model's encoding has that cannot be run, with the reason: a table
+    part that is zero (an exactly additive table has no cell residual to rescale)."""
+    if not model.cfg.has_pos_table:
+        return {}
+    why = {name: zero_table_part(model, part) for name, part in TABLE_PART.items()}
+    return {name: reason for name, reason in why.items() if reason is not None}
+
+
 def conditions(model: ViT, cfg: Config) -> list[tuple[str, Condition, dict[str, Any]]]:
     """Every removal condition that applies to this model: (name, condition, metadata)."""
     out: list[tuple[str, Condition, dict[str, Any]]] = []
     if model.cfg.uses_additive_pos:
-        out.append(("ape_zero", ape_zero, {"kind": "ape"}))
+        out.append((APE_ZERO, ape_zero, {"kind": "ape"}))
         # seed + 1: with RPI's own permutation the two would move content and position together
         out.append(("ape_permute", lambda m: ape_permute(m, seed=cfg.seed + 1), {"kind": "ape"}))
+    if model.cfg.has_pos_table:
+        skipped = skipped_conditions(model)
+        for name, part in TABLE_PART.items():
+            if name not in skipped:
+                cond: Condition = lambda m, part=part: ape_table_part(m, part)  # noqa: E731
+                out.append((name, cond, {"kind": "table", "part": part}))
     if model.cfg.uses_rope:
         amap = axis_map(model)
+        axes, source = plane_axes(model, amap)
         for axis in ("row", "col"):
-            mask = torch.as_tensor(amap.axis == axis)
+            mask = torch.as_tensor(axes == axis)
             if mask.any():
-                out.append(
-                    (
-                        axis_condition(axis),
-                        planes_off(mask),
-                        {"kind": "axis", "planes": int(mask.sum())},
-                    )
-                )
+                meta = {"kind": "axis", "planes": int(mask.sum()), "axes_from": source}
+                out.append((axis_condition(axis), planes_off(mask), meta))
         P = num_planes(model)
         # as many random planes per head as one axis has, whatever cfg.n_planes lists: the split
         # rule compares each axis with exactly that count (16 at head dim 64)
-        per_axis = round(int((amap.axis == "row").sum()) / (model.cfg.depth * model.cfg.heads))
+        per_axis = axis_planes_per_head(model, axes)
         own = {per_axis} if 0 < per_axis <= P else set()
         for n in sorted({n for n in cfg.n_planes if n <= P} | own):
             out.append(
@@ -173,6 +220,10 @@ class PositionRemoval(Header):
     floor: ConditionResult
     conditions: list[ConditionResult]
     random_summary: dict[str, dict[str, float]] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)  # condition -> why it was not run
+    table: dict[str, float] | None = None  # row_col_share of the position table, where learned
+    axes_from: str | None = None  # plane_axes' source for the axis conditions (RoPE models)
+    axis_planes_per_head: int | None = None  # one axis's planes per head (RoPE models)
 
     def tables(self) -> dict[str, list[dict[str, Any]]]:
         rows = [c.row(self.sites, self.probe_site) for c in [self.floor, *self.conditions]]
@@ -243,6 +294,11 @@ def run(
     assert ref is not None
     base = ref.base.summary()
     base["probe"] = ref.base.probe_at(ref.probe_site)
+    axes = plane_axes(model) if model.cfg.uses_rope else None
+    table = None
+    if model.cfg.has_pos_table:
+        g = model.cfg.grid
+        table = row_col_share(model.pos_embed_for(g, g).detach()[0].reshape(g, g, -1).cpu())
     return PositionRemoval(
         posenc=model.cfg.posenc,
         sites=site_labels(model),
@@ -253,6 +309,10 @@ def run(
         n_images=len(x),
         probe_images=cfg.probe_images,
         random_summary=random_summary(results),
+        skipped=skipped_conditions(model),
+        table=table,
+        axes_from=None if axes is None else axes[1],
+        axis_planes_per_head=None if axes is None else axis_planes_per_head(model, axes[0]),
     )
 
 
@@ -291,7 +351,9 @@ def plot(res: PositionRemoval) -> Figure:
 
 
 def headline(d: dict[str, Any]) -> Headline:
-    """Intact and floor, every named condition, and the mean (SE over draws) of each random_n."""
+    """Intact and floor, every named condition, and the mean (SE over draws) of each random_n;
+    NaN for every number of a skipped condition (the reason is in the JSON's "skipped"); the
+    position table's row + column share; where the axis conditions' axes came from."""
     out: Headline = {key(INTACT, "accuracy"): d["baseline"]["accuracy"]}
     out[key(INTACT, "margin")] = d["baseline"]["margin"]
     out |= probe_numbers(key(INTACT, "probe"), d["baseline"]["probe"])
@@ -310,6 +372,14 @@ def headline(d: dict[str, Any]) -> Headline:
             for k, v in s.items()
             if k.startswith("retention_") and not k.endswith("_se")
         }
+    ape = next((c for c in d["conditions"] if c["name"] == APE_ZERO), None)
+    for name in d.get("skipped", {}):  # the numbers every table condition has, as ape_zero's
+        if ape is not None:
+            out |= dict.fromkeys(condition_numbers(name, ape), math.nan)
+    out |= {table_key(k): v for k, v in (d.get("table") or {}).items()}
+    if d.get("axes_from") is not None:
+        out[AXES_PRE_ROTATION] = float(d["axes_from"] == "pre_rotation")
+        out[AXIS_PLANES_PER_HEAD] = float(d["axis_planes_per_head"])
     return out
 
 

@@ -5,13 +5,20 @@ They compose with contextlib.ExitStack or nested `with`, e.g.
 """
 
 from poslens.interventions.ablation import ablate, component_hook, mean_activations, patch
-from poslens.interventions.position import ape_permute, ape_zero, rpi, seeded_permutation
+from poslens.interventions.position import (
+    ape_permute,
+    ape_table_part,
+    ape_zero,
+    rpi,
+    seeded_permutation,
+)
 from poslens.interventions.rotary import AxisMap, axis_map, num_planes, plane_mask, rotary_mask
 
 __all__ = [
     "AxisMap",
     "ablate",
     "ape_permute",
+    "ape_table_part",
     "ape_zero",
     "axis_map",
     "component_hook",

@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 import torch
 
 from poslens.errors import UserError
+from poslens.metrics.stats import row_col_parts
 from poslens.models import hooks
 from poslens.models.hooks import HookFn
 from poslens.models.vit import ViT
@@ -30,6 +31,69 @@ def ape_zero(model: ViT) -> Iterator[None]:
     _require_additive(model)
     with model.hooks([(hooks.POS_EMBED, lambda pos, _n: torch.zeros_like(pos))]):
         yield
+
+
+TABLE_PARTS = ("rowcol", "cell")  # the table's least-squares row + column part, its cell residual
+ZERO_PART = 1e-6  # a part whose norm is below this share of the table's is zero: nothing to scale
+
+
+def table_part(pos: torch.Tensor, grid: tuple[int, int], part: str) -> torch.Tensor:
+    """One part of a position table pos [1, gh*gw, D] (patches row-major), rescaled to the
+    table's Frobenius norm: "rowcol" the least-squares row + column part alone, "cell" the cell
+    residual alone (metrics.stats.row_col_parts). UserError when the part is zero (an exactly
+    additive table has no cell residual): there is no direction to rescale."""
+    if part not in TABLE_PARTS:
+        raise UserError(f"unknown table part {part!r}; expected one of {', '.join(TABLE_PARTS)}")
+    gh, gw = grid
+    if pos.shape[1] != gh * gw:
+        raise UserError(f"position table of {pos.shape[1]} tokens is not a {gh}x{gw} grid")
+    table = pos[0].double().reshape(gh, gw, -1)
+    rowcol, cell = row_col_parts(table)
+    out = rowcol if part == "rowcol" else cell
+    scale, norm = table.norm(), out.norm()
+    if norm <= ZERO_PART * scale:  # also a zero table
+        raise UserError(f"the position table's {part} part is zero: nothing to rescale")
+    return (out * (scale / norm)).reshape(pos.shape).to(pos.dtype)
+
+
+def zero_table_part(model: ViT, part: str) -> str | None:
+    """Why `part` of the model's position table cannot be rescaled (it is zero), else None."""
+    _require_table(model)
+    g = model.cfg.grid
+    try:
+        table_part(model.pos_embed_for(g, g).detach(), (g, g), part)
+    except UserError as e:
+        return str(e)
+    return None
+
+
+def _require_table(model: ViT) -> None:
+    if not model.cfg.has_pos_table:
+        raise UserError(f"model has no learned position table (posenc={model.cfg.posenc!r})")
+
+
+@contextlib.contextmanager
+def ape_table_part(model: ViT, part: str) -> Iterator[None]:
+    """The position table the patches get replaced by one of its parts at the table's norm
+    (`table_part`), through hook_pos_embed: "rowcol" keeps only what rows and columns add,
+    "cell" only what the cells add beyond that. On another grid the part is taken of the
+    resampled table the model reads there. The table holds patch rows only (a converted model's
+    prefix-token rows are folded into its CLS / register tokens), so prefix tokens are unchanged.
+    """
+    _require_table(model)
+    g = model.cfg.grid
+    table_part(model.pos_embed_for(g, g).detach(), (g, g), part)  # UserError now, not mid-forward
+    grid = [(g, g)]
+
+    def read_grid(_m: torch.nn.Module, _x: object, out: torch.Tensor) -> None:
+        grid[0] = (out.shape[-2], out.shape[-1])  # patch embeddings [B, D, gh, gw]: the grid
+
+    handle = model.patch_embed.register_forward_hook(read_grid)  # reads only; removed below
+    try:
+        with model.hooks([(hooks.POS_EMBED, lambda pos, _n: table_part(pos, grid[0], part))]):
+            yield
+    finally:
+        handle.remove()
 
 
 def _permute_tokens(seed: int) -> tuple[HookFn, Callable[[int], torch.Tensor]]:

@@ -170,4 +170,19 @@ def axis_map(model: ViT, grid: tuple[int, int] | None = None, threshold: float =
     return AxisMap(f_row, f_col, score, axis, direction, alignment, threshold)
 
 
-__all__ = ["AxisMap", "axis_map", "num_planes", "plane_mask", "rotary_mask"]
+def pre_rotation_axes(model: ViT, amap: AxisMap | None = None) -> np.ndarray:
+    """[depth, H, P] the axis each plane of an oblique model (rope_variant "oblique") followed
+    before its 45-degree turn, from the construction (posenc._axial): planes [0, P/2) of every
+    head the column, [P/2, P) the row; "none" where the axis map finds the plane not turning
+    (blocks without rotations). The negative control of the axis split: the angles themselves
+    follow the diagonals, so the axis map rightly finds no plane aligned."""
+    cfg = model.cfg
+    if cfg.rope_variant != "oblique":
+        raise UserError(f"pre-rotation axes are defined for oblique RoPE, got {cfg.rope_variant!r}")
+    amap = amap or axis_map(model)
+    half = num_planes(model) // 2
+    axes = np.where(np.arange(2 * half) < half, "col", "row")  # [P]
+    return np.where(amap.axis == "none", "none", np.broadcast_to(axes, amap.axis.shape))
+
+
+__all__ = ["AxisMap", "axis_map", "num_planes", "plane_mask", "pre_rotation_axes", "rotary_mask"]

@@ -107,14 +107,31 @@ def effective_rank(x: torch.Tensor) -> float:
     return float(torch.exp(-(p * p.log()).sum()))
 
 
+def _row_col_effects(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The two-way decomposition of t [gh, gw, D]: grand mean [1, 1, D], row effects [gh, 1, D]
+    and column effects [1, gw, D] (each effect a mean minus the grand mean)."""
+    mean = t.mean((0, 1), keepdim=True)
+    return mean, t.mean(1, keepdim=True) - mean, t.mean(0, keepdim=True) - mean
+
+
+def row_col_parts(table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A position table [gh, gw, D] split into its least-squares row + column part (grand mean +
+    row effects + column effects, the fit of P[r, c] ~ m + a_r + b_c) and the cell residual, both
+    [gh, gw, D] in float64: they sum to the table and are orthogonal (the residual has zero mean
+    along every row and every column)."""
+    t = table.double()
+    mean, row, col = _row_col_effects(t)
+    additive = (mean + row + col).expand_as(t)
+    return additive, t - additive
+
+
 def row_col_share(table: torch.Tensor) -> dict[str, float]:
     """How much of a position table's variance [gh, gw, D] is row effects plus column effects
     (a two-way decomposition over the grid): 1 for an additive row + column code such as
     sin-cos, about 2 / G for one random direction per cell."""
     t = table.double()
-    centred = t - t.mean((0, 1), keepdim=True)
-    row, col = centred.mean(1, keepdim=True), centred.mean(0, keepdim=True)  # [gh,1,D], [1,gw,D]
-    total = centred.pow(2).sum()
+    mean, row, col = _row_col_effects(t)
+    total = (t - mean).pow(2).sum()
     if total == 0:
         return {"row_share": 0.0, "col_share": 0.0, "rowcol_share": 0.0}
     gh, gw = t.shape[:2]

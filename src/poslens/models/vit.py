@@ -146,6 +146,9 @@ class ViT(HookedModule):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.cfg = cfg
+        # the torch seed the weights were initialised from, where known (build_model; poslens.load
+        # from the checkpoint's train.seed): what rebuilds the initialisation (axis_map's init)
+        self.init_seed: int | None = None
         D, g = cfg.dim, cfg.grid
         self.patch_embed = nn.Conv2d(cfg.in_chans, D, cfg.patch_size, stride=cfg.patch_size)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, D)) if cfg.cls_token else None
@@ -299,7 +302,9 @@ def build_model(cfg: ModelConfig, seed: int | None = None) -> ViT:
         return ViT(cfg)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return ViT(cfg)
+        model = ViT(cfg)
+    model.init_seed = seed
+    return model
 
 
 __all__ = ["Attention", "Block", "LayerNorm", "Mlp", "ViT", "build_model"]

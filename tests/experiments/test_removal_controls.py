@@ -1,0 +1,101 @@
+"""position_removal's controls on tiny models: the table edit (row + column part alone, cell
+residual alone) and the oblique model's axis conditions by pre-rotation axis."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from poslens.data import DataConfig, Task, build_task
+from poslens.experiments import position_removal as pr
+from poslens.experiments.output import condition_numbers
+from poslens.interventions import axis_map
+from poslens.io import jsonable
+from poslens.models import ViT
+from tests.conftest import tiny
+
+DATA = DataConfig(image_size=16, object_scale=0.32, n_val=16, n_test=60)
+CFG = pr.Config(n_images=40, probe_images=20, batch_size=40, draws=1, n_planes=(2,))
+
+
+@pytest.fixture(scope="module")
+def task() -> Task:
+    return build_task(DATA)
+
+
+def model(posenc: str, **kw: object) -> ViT:
+    return tiny(posenc, num_classes=16, **kw)
+
+
+def test_additive_table_keeps_the_model_under_its_row_col_part(task: Task) -> None:
+    m = model("ape", ape_code="rowcol")  # planted r[row] + c[col]: exactly additive
+    res = pr.run(m, task, CFG)
+    by_name = {c.name: c for c in res.conditions}
+    assert pr.TABLE_CELL not in by_name and "cell part is zero" in res.skipped[pr.TABLE_CELL]
+    rowcol = by_name[pr.TABLE_ROWCOL]
+    assert rowcol.accuracy == res.baseline["accuracy"]
+    assert rowcol.margin == pytest.approx(res.baseline["margin"], abs=1e-5)
+    d = jsonable(res.to_dict())
+    h = pr.headline(d)
+    assert h[pr.TABLE_ROWCOL_SHARE] == pytest.approx(1.0, abs=1e-9)
+    # the skipped condition has every number ape_zero has, each NaN (never 0)
+    ape = next(c for c in d["conditions"] if c["name"] == pr.APE_ZERO)
+    cell_keys = set(condition_numbers(pr.TABLE_CELL, ape))
+    assert cell_keys and cell_keys <= h.keys() and all(math.isnan(h[k]) for k in cell_keys)
+    assert not math.isnan(h[pr.key(pr.TABLE_ROWCOL, "accuracy")])
+    assert pr.AXES_PRE_ROTATION not in h  # no rotary planes
+
+
+def test_learned_table_runs_both_parts_with_every_measure(task: Task) -> None:
+    m = model("ape")
+    res = pr.run(m, task, CFG)
+    assert res.skipped == {}
+    h = pr.headline(jsonable(res.to_dict()))
+    for name in (pr.TABLE_ROWCOL, pr.TABLE_CELL):
+        ours = {k.partition(".")[2] for k in h if k.startswith(f"{name}.")}
+        assert ours == {k.partition(".")[2] for k in h if k.startswith(f"{pr.APE_ZERO}.")}
+    assert 0 < h[pr.TABLE_ROWCOL_SHARE] < 1
+    assert h[pr.table_key("row_share")] + h[pr.table_key("col_share")] == pytest.approx(
+        h[pr.TABLE_ROWCOL_SHARE]
+    )
+
+
+def _masks(m: ViT, cfg: pr.Config) -> dict[str, torch.Tensor]:
+    """Each rotary condition's effective mask [depth, H, P] (rotary_mask yields it)."""
+    out = {}
+    for name, cond, meta in pr.conditions(m, cfg):
+        if meta["kind"] in ("axis", "random"):
+            with cond(m) as mask:
+                out[name] = mask
+    return out
+
+
+@pytest.mark.parametrize("layout", ["interleaved", "half"])
+def test_oblique_axis_conditions_take_each_planes_pre_rotation_axis(layout: str) -> None:
+    m = model("rope_axial", rope_variant="oblique", rope_layout=layout)  # 8 planes per head
+    assert axis_map(m).counts()["mixed"] == 2 * 2 * 8  # the angles follow no axis
+    masks = _masks(m, CFG)
+    row, col = masks[pr.axis_condition("row")], masks[pr.axis_condition("col")]
+    assert (row.sum(-1) == 4).all() and (col.sum(-1) == 4).all()  # half of every head's planes
+    assert not (row & col).any()
+    # before the turn planes [0, P/2) followed the column (posenc._axial): those are turned to
+    # the main diagonal, the row planes to the other one
+    direction = axis_map(m).direction_deg
+    np.testing.assert_allclose(direction[col.numpy()], 45.0, atol=1e-6)
+    np.testing.assert_allclose(direction[row.numpy()], 135.0, atol=1e-6)
+    rnd = masks[f"{pr.random_condition(4)}/0"]  # one axis's count per head, though n_planes=(2,)
+    assert (rnd.sum(-1) == 4).all()
+
+
+def test_axis_source_is_recorded_in_the_headline(task: Task) -> None:
+    cfg = pr.Config(**{**CFG.__dict__, "n_planes": (4,)})  # one axis's count: no other n
+    for variant, pre in (("oblique", 1.0), ("standard", 0.0)):
+        m = model("rope_axial", rope_variant=variant)
+        h = pr.headline(jsonable(pr.run(m, task, cfg).to_dict()))
+        assert h[pr.AXES_PRE_ROTATION] == pre and h[pr.AXIS_PLANES_PER_HEAD] == 4.0
+        for axis in ("row", "col"):
+            assert math.isfinite(h[pr.key(pr.axis_condition(axis), "accuracy")])
+        assert math.isfinite(h[pr.key(pr.random_condition(4), "accuracy")])
