@@ -13,6 +13,9 @@ from poslens.data import DataConfig, build_task
 from poslens.errors import ConfigError
 from poslens.experiments import sae_causal
 from poslens.experiments.output import save
+from poslens.models import hooks
+from poslens.models.vit import ViT
+from poslens.sae import TopKSAE
 from tests.conftest import tiny
 
 DATA = DataConfig(image_size=16, object_scale=0.32, n_val=30, n_test=40)
@@ -132,3 +135,63 @@ def test_resampling_from_another_image_of_the_same_scene_changes_nothing() -> No
             plain = m(x)
     torch.testing.assert_close(same, clean, rtol=0, atol=1e-5)
     assert (plain - clean).abs().max() > 1e-3  # the plain splice carries the reconstruction error
+
+
+AXIS_SITE = "blocks.0.hook_resid_pre"
+
+
+@torch.no_grad()
+def planted_axis_sae(m: ViT, images: torch.Tensor) -> TopKSAE:
+    """An SAE that is the planted row + column code by construction: latent r decodes to row r's
+    effect, latent gh + c to column c's (table[r, c] = row[r] + col[c] exactly), encoded by the
+    pseudo-inverse (one-hot codes on the table); the other latents never fire (the controls' pool).
+    """
+    _, cache = m.run_with_cache(images, [hooks.POS_EMBED, AXIS_SITE])
+    gh, gw = m.grid_of(images[:1])
+    table = cache[hooks.POS_EMBED][0].reshape(gh, gw, -1)  # [gh, gw, D]
+    rest = cache[AXIS_SITE][:, m.cfg.num_prefix :] - table.reshape(1, gh * gw, -1)
+    half = table.mean((0, 1)) / 2
+    dec = torch.cat([table.mean(1) - half, table.mean(0) - half])  # [gh + gw, D]
+    n = gh + gw
+    sae = TopKSAE(m.cfg.dim, 2 * n, k=2, site=AXIS_SITE)
+    for p in (sae.W_dec, sae.W_enc):
+        p.zero_()
+    sae.W_dec[:n], sae.W_enc[:, :n] = dec, torch.linalg.pinv(dec)
+    sae.b_enc.fill_(-1e3)
+    sae.b_enc[:n] = 0
+    sae.b_dec.copy_(rest.reshape(-1, m.cfg.dim).mean(0))
+    return sae
+
+
+def test_zeroing_one_axis_costs_that_axis_fixed_probe_only() -> None:
+    """The axis split on a planted row + column code read by an SAE that is that code: zeroing
+    the row latents (+error) sends the intact model's row probe toward chance at the site and
+    the output and leaves its column probe; the mirror for the columns; matched random latents
+    (which never fire here) cost nothing."""
+    m, task = tiny("ape", num_classes=16, ape_code="rowcol", ape_init_std=1.0), build_task(DATA)
+    cfg = sae_causal.Config(sites=(AXIS_SITE,), n_images=30, probe_images=20, batch_size=30,
+                            doses=(2,), draws=1)  # fmt: skip
+    sae = planted_axis_sae(m, task.split("val")[0][:20])
+    r = sae_causal.run(m, task, cfg, saes={AXIS_SITE: sae}).results[0]
+    assert r.positional.counts["row"] == 4 and r.positional.counts["col"] == 4
+    s = r.summary()
+    for zeroed, matched, own, other in (
+        (sae_causal.ROW_ZEROED, sae_causal.MATCHED_ROW, "row", "col"),
+        (sae_causal.COL_ZEROED, sae_causal.MATCHED_COL, "col", "row"),
+    ):
+        assert s[zeroed]["n_latents"] == 4 and s[matched]["n_edited"] == 4
+        for where in ("site", "out"):
+            assert s[zeroed][sae_causal.fixed_drop(where, own)] > 0.6, (zeroed, where)
+            assert abs(s[zeroed][sae_causal.fixed_drop(where, other)]) < 0.1, (zeroed, where)
+            for axis in ("row", "col"):
+                assert abs(s[matched][sae_causal.fixed_drop(where, axis)]) < 0.1
+    # the number is the row probe's drop toward chance, read at the SAE's site
+    j = 1  # TARGETS: exact, row, col
+    intact, chance = r.probes["intact"]["refit"][0, j], r.probes["chance"]["refit"][0, j]
+    zeroed_row = next(c.name for c in r.group(sae_causal.ROW_ZEROED))
+    assert s[sae_causal.ROW_ZEROED][sae_causal.FIXED_DROP_SITE_ROW] == pytest.approx(
+        (intact - r.probes[zeroed_row]["fixed"][0, j]) / (intact - chance)
+    )
+    # both axes zeroed: both probes fall
+    rc = s[sae_causal.ROWCOL_ZEROED]
+    assert min(rc[sae_causal.FIXED_DROP_SITE_ROW], rc[sae_causal.FIXED_DROP_SITE_COL]) > 0.6

@@ -5,8 +5,9 @@ both normalised residuals) an SAE, trained here unless given, is spliced into th
 the model reads: for a normalised site its edit is mapped back through the norm into the
 residual stream, so it reaches every later block. Edits: the top 4, 8, ..., all positional
 latents zeroed, each as the plain splice (the reconstruction with the edit) and "+error"
-(x + D(z') - D(z): only the edited latents move); the row and column latents alone, and the cell
-latents alone. Controls, all spliced "+error": uniform random latents, random latents matched on
+(x + D(z') - D(z): only the edited latents move); the row and column latents alone, the row
+latents alone and the column latents alone (the axis split: zeroing the row latents should cost
+the row probe and leave the column probe), and the cell latents alone. Controls, all spliced "+error": uniform random latents, random latents matched on
 firing rate and activation mass (several draws, for every edited set), mean ablation, and
 resampling the positional latents from the same position in another image (should do nothing)
 or another position in the same image (should break position). Each edit is read as accuracy and
@@ -22,17 +23,53 @@ from poslens.experiments.sae_causal.config import Config, applies
 from poslens.experiments.sae_causal.edits import matched_random, resample, set_to, spliced, zero
 from poslens.experiments.sae_causal.phases import position_table, run, run_site
 from poslens.experiments.sae_causal.plots import plot
-from poslens.experiments.sae_causal.result import SAECausal, SiteResult, headline
+from poslens.experiments.sae_causal.result import (
+    COL_ZEROED,
+    FIXED_DROP_OUT,
+    FIXED_DROP_OUT_COL,
+    FIXED_DROP_OUT_ROW,
+    FIXED_DROP_SITE,
+    FIXED_DROP_SITE_COL,
+    FIXED_DROP_SITE_ROW,
+    GROUPS,
+    MATCHED_COL,
+    MATCHED_ROW,
+    MATCHED_ROWCOL,
+    ROW_ZEROED,
+    ROWCOL_ZEROED,
+    SAECausal,
+    SiteResult,
+    fixed_drop,
+    headline,
+    key,
+    latents_key,
+)
 
 EXPERIMENT = Experiment("sae_causal", Config, run, applies, headline, plot, cost=30)
 
 __all__ = [
+    "COL_ZEROED",
     "EXPERIMENT",
+    "FIXED_DROP_OUT",
+    "FIXED_DROP_OUT_COL",
+    "FIXED_DROP_OUT_ROW",
+    "FIXED_DROP_SITE",
+    "FIXED_DROP_SITE_COL",
+    "FIXED_DROP_SITE_ROW",
+    "GROUPS",
+    "MATCHED_COL",
+    "MATCHED_ROW",
+    "MATCHED_ROWCOL",
+    "ROWCOL_ZEROED",
+    "ROW_ZEROED",
     "Config",
     "SAECausal",
     "SiteResult",
     "applies",
+    "fixed_drop",
     "headline",
+    "key",
+    "latents_key",
     "matched_random",
     "plot",
     "position_table",

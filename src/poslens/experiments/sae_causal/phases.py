@@ -41,7 +41,8 @@ def conditions(
     sae: TopKSAE, pl: PositionalLatents, codes: np.ndarray, cfg: Config
 ) -> list[Planned]:
     """Every edit at one SAE: the reconstruction alone; the top n positional latents zeroed for
-    each dose (plain and +error); the row and column latents alone and the cell latents alone;
+    each dose (plain and +error); the row and column latents, the row latents alone, the column
+    latents alone and the cell latents alone;
     uniform and matched random latents of each size (draws); mean ablation; resampling. All but
     the plain splices carry the error term, so they differ only in which latents move."""
     lat = pl.latents
@@ -81,7 +82,11 @@ def conditions(
             if not is_all:
                 meta = {k: v for k, v in meta.items() if k != "group"}
             out.append((name, cond, meta))
-    for kinds, group in ((("row", "col"), "rowcol"), (("cell",), "cell")):
+    # the row and column latents together, each axis alone (the original's axis split: the row
+    # latents zeroed should cost the row probe and leave the column probe), the cell latents
+    for kinds, group in (
+        (("row", "col"), "rowcol"), (("row",), "row"), (("col",), "col"), (("cell",), "cell")
+    ):  # fmt: skip
         chosen = pl.of_kind(*kinds)
         if len(chosen):
             n = len(chosen)

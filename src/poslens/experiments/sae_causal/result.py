@@ -13,6 +13,28 @@ from poslens.experiments.readout import ConditionResult
 from poslens.metrics.probes import TARGETS
 from poslens.sae.latents import PositionalLatents
 
+# Where a drop is read (index into SiteResult.probe_sites): the SAE's site and the output.
+WHERES = {"site": 0, "out": -1}
+
+
+def fixed_drop(where: str, axis: str | None = None) -> str:
+    """The summary number of the intact model's fixed probe's drop toward chance at `where`
+    (site, out): the exact probe's (fixed_drop_site), or the row / column probe's
+    (fixed_drop_site_row, fixed_drop_out_col, ...)."""
+    return f"fixed_drop_{where}" + (f"_{axis}" if axis else "")
+
+
+FIXED_DROP_SITE, FIXED_DROP_OUT = fixed_drop("site"), fixed_drop("out")
+FIXED_DROP_SITE_ROW, FIXED_DROP_SITE_COL = fixed_drop("site", "row"), fixed_drop("site", "col")
+FIXED_DROP_OUT_ROW, FIXED_DROP_OUT_COL = fixed_drop("out", "row"), fixed_drop("out", "col")
+AXES = ("row", "col")  # the probe targets read per axis, as in metrics.probes.TARGETS
+
+# Condition groups of the axis test (all spliced "+error"): the row and column latents zeroed
+# together, the row latents alone, the column latents alone, and as many random latents matched
+# on firing rate and mass for each.
+ROWCOL_ZEROED, ROW_ZEROED, COL_ZEROED = "rowcol+error", "row+error", "col+error"
+MATCHED_ROWCOL, MATCHED_ROW, MATCHED_COL = "matched_rowcol", "matched_row", "matched_col"
+
 # The readouts summarised per condition group (see SiteResult.summary).
 GROUPS = (
     "reconstruction",
@@ -20,8 +42,12 @@ GROUPS = (
     "zero_all+error",
     "uniform_all",
     "matched_all",
-    "rowcol+error",
-    "matched_rowcol",
+    ROWCOL_ZEROED,
+    MATCHED_ROWCOL,
+    ROW_ZEROED,
+    MATCHED_ROW,
+    COL_ZEROED,
+    MATCHED_COL,
     "cell+error",
     "matched_cell",
     "mean_all",
@@ -78,18 +104,20 @@ class SiteResult:
         probe = [float(np.mean([self.probes[c.name][kind][0, 0] for c in by_n[n]])) for n in ns]
         return ns, probe, [by_n[n][0] for n in ns]
 
-    def drop(self, name: str, kind: str, where: int) -> float:
-        """How far the exact probe of `kind` at probe site `where` (0: the SAE's site, -1: out)
-        fell toward chance: (intact - condition) / (intact - chance)."""
-        intact = self.probes["intact"][kind.replace("fixed", "refit")][where, 0]
-        chance = self.probes["chance"]["refit"][where, 0]
+    def drop(self, name: str, kind: str, where: int, target: str = "exact") -> float:
+        """How far the `target` probe (exact, row, col) of `kind` at probe site `where` (0: the
+        SAE's site, -1: out) fell toward chance: (intact - condition) / (intact - chance)."""
+        j = TARGETS.index(target)
+        intact = self.probes["intact"][kind.replace("fixed", "refit")][where, j]
+        chance = self.probes["chance"]["refit"][where, j]
         gap = intact - chance
-        return float((intact - self.probes[name][kind][where, 0]) / gap) if gap > 0 else 0.0
+        return float((intact - self.probes[name][kind][where, j]) / gap) if gap > 0 else 0.0
 
     def summary(self) -> dict[str, Any]:
         """Per condition group: the fixed and refitted exact probe's drop toward chance at the
-        site and the output, accuracy and margin changes with paired SE (means over draws), and
-        RPI-SSDC at the output; plus the positional latents found, by kind."""
+        site and the output, and the fixed row and column probes' (fixed_drop(where, axis)),
+        accuracy and margin changes with paired SE (means over draws), and RPI-SSDC at the
+        output; plus the positional latents found, by kind."""
         out: dict[str, Any] = {"n_positional": len(self.positional.latents)}
         out["kinds"] = self.positional.counts
         for group in GROUPS:
@@ -99,7 +127,14 @@ class SiteResult:
             numbers = {
                 f"{kind}_drop_{where}": float(np.mean([self.drop(c.name, kind, i) for c in cs]))
                 for kind in ("fixed", "refit", "fixed_rpi")
-                for where, i in (("site", 0), ("out", -1))
+                for where, i in WHERES.items()
+            }
+            numbers |= {
+                fixed_drop(where, axis): float(
+                    np.mean([self.drop(c.name, "fixed", i, axis) for c in cs])
+                )
+                for where, i in WHERES.items()
+                for axis in AXES
             }
             for metric in ("d_accuracy", "d_margin"):
                 numbers[metric] = float(np.mean([getattr(c, metric).mean for c in cs]))
@@ -175,4 +210,25 @@ def headline(d: dict[str, Any]) -> Headline:
     return out
 
 
-__all__ = ["GROUPS", "SAECausal", "SiteResult", "headline", "key", "latents_key"]
+__all__ = [
+    "AXES",
+    "COL_ZEROED",
+    "FIXED_DROP_OUT",
+    "FIXED_DROP_OUT_COL",
+    "FIXED_DROP_OUT_ROW",
+    "FIXED_DROP_SITE",
+    "FIXED_DROP_SITE_COL",
+    "FIXED_DROP_SITE_ROW",
+    "GROUPS",
+    "MATCHED_COL",
+    "MATCHED_ROW",
+    "MATCHED_ROWCOL",
+    "ROWCOL_ZEROED",
+    "ROW_ZEROED",
+    "SAECausal",
+    "SiteResult",
+    "fixed_drop",
+    "headline",
+    "key",
+    "latents_key",
+]
