@@ -72,6 +72,10 @@ class SiteResult:
     conditions: list[ConditionResult]
     probes: dict[str, dict[str, np.ndarray]]
     roles: list[str]  # "early", "probe": what the study's configuration asked this site to be
+    # how k was chosen (phases.fit_site_sae): k, cost (accuracy the reconstruction alone cost),
+    # cost_se, criterion_met (cost <= max_cost; None without a classifier head), by_criterion
+    # (k = 0), images, and the ladder tried: [{k, cost, cost_se, kl}] in order
+    k_selection: dict[str, Any]
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -80,6 +84,7 @@ class SiteResult:
             "site_index": self.site_index,
             "probe_sites": self.probe_sites,
             "sae_quality": self.sae_quality,
+            "k_selection": self.k_selection,
             "positional_latents": self.positional.to_dict(),
             "conditions": self.conditions,
             "probes": self.probes,
@@ -191,16 +196,47 @@ def latents_key(site: str, kind: str) -> str:
     return f"{site}.latents_{kind}"
 
 
+# headline numbers of how the SAE's k was chosen (k_key(site, number)): the k kept, what its
+# reconstruction alone cost in accuracy, whether that met the criterion (1/0; NaN without a
+# classifier head), and how many ks were tried; k_cost_at_key(site, k): each rung's cost
+K, K_COST, K_CRITERION_MET, K_TRIED = "k", "k_cost", "k_criterion_met", "k_tried"
+
+
+def k_key(site: str, number: str = K) -> str:
+    """The headline key of one number of the k selection at a site (K, K_COST, ...)."""
+    return f"{site}.{number}"
+
+
+def k_cost_at_key(site: str, k: int) -> str:
+    """The headline key of what the reconstruction alone cost at one k of the ladder tried."""
+    return f"{site}.k_cost_at_{k}"
+
+
+def k_numbers(site: str, sel: dict[str, Any] | None) -> Headline:
+    """The k selection's headline numbers at `site` (none for results saved before it)."""
+    if not sel:
+        return {}
+    met = sel["criterion_met"]
+    out: Headline = {
+        k_key(site, K): float(sel["k"]),
+        k_key(site, K_COST): sel["cost"],
+        k_key(site, K_CRITERION_MET): float("nan") if met is None else float(met),
+        k_key(site, K_TRIED): float(len(sel["ladder"])),
+    }
+    return out | {k_cost_at_key(site, rung["k"]): rung["cost"] for rung in sel["ladder"]}
+
+
 def headline(d: dict[str, Any]) -> Headline:
     """Per SAE site, under its hook name and under each role it plays ("early", "probe"): FVU,
-    the positional latents by kind, and every summary group's numbers (key(site, group, n));
-    the position table's row + column share."""
+    how k was chosen (k_numbers), the positional latents by kind, and every summary group's
+    numbers (key(site, group, n)); the position table's row + column share."""
     out: Headline = {}
     for site, r in d["sae_sites"].items():
         s = r["summary"]
         for name in (site, *r.get("roles", [])):
             out[f"{name}.fvu"] = r["sae_quality"]["fvu"]
             out[f"{name}.n_positional"] = float(s["n_positional"])
+            out |= k_numbers(name, r.get("k_selection"))
             out |= {latents_key(name, k): float(n) for k, n in s["kinds"].items()}
             for group in GROUPS:
                 for k, x in s.get(group, {}).items():
@@ -220,15 +256,22 @@ __all__ = [
     "FIXED_DROP_SITE_COL",
     "FIXED_DROP_SITE_ROW",
     "GROUPS",
+    "K_COST",
+    "K_CRITERION_MET",
+    "K_TRIED",
     "MATCHED_COL",
     "MATCHED_ROW",
     "MATCHED_ROWCOL",
     "ROWCOL_ZEROED",
     "ROW_ZEROED",
+    "K",
     "SAECausal",
     "SiteResult",
     "fixed_drop",
     "headline",
+    "k_cost_at_key",
+    "k_key",
+    "k_numbers",
     "key",
     "latents_key",
 ]
