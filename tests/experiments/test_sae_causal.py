@@ -175,16 +175,24 @@ def planted_axis_sae(m: ViT, images: torch.Tensor) -> TopKSAE:
     return sae
 
 
-def test_zeroing_one_axis_costs_that_axis_fixed_probe_only() -> None:
+@pytest.fixture(scope="module")
+def axis_run() -> sae_causal.SAECausal:
+    """The test on a planted row + column code read by planted_axis_sae (doses 2, 3, 7 and all 8
+    positional latents)."""
+    m, task = tiny("ape", num_classes=16, ape_code="rowcol", ape_init_std=1.0), build_task(DATA)
+    cfg = sae_causal.Config(sites=(AXIS_SITE,), n_images=30, probe_images=20, batch_size=30,
+                            doses=(2, 3, 7), draws=1)  # fmt: skip
+    return sae_causal.run(
+        m, task, cfg, saes={AXIS_SITE: planted_axis_sae(m, task.split("val")[0][:20])}
+    )
+
+
+def test_zeroing_one_axis_costs_that_axis_fixed_probe_only(axis_run: sae_causal.SAECausal) -> None:
     """The axis split on a planted row + column code read by an SAE that is that code: zeroing
     the row latents (+error) sends the intact model's row probe toward chance at the site and
     the output and leaves its column probe; the mirror for the columns; matched random latents
     (which never fire here) cost nothing."""
-    m, task = tiny("ape", num_classes=16, ape_code="rowcol", ape_init_std=1.0), build_task(DATA)
-    cfg = sae_causal.Config(sites=(AXIS_SITE,), n_images=30, probe_images=20, batch_size=30,
-                            doses=(2,), draws=1)  # fmt: skip
-    sae = planted_axis_sae(m, task.split("val")[0][:20])
-    r = sae_causal.run(m, task, cfg, saes={AXIS_SITE: sae}).results[0]
+    r = axis_run.results[0]
     assert r.positional.counts["row"] == 4 and r.positional.counts["col"] == 4
     s = r.summary()
     for zeroed, matched, own, other in (
@@ -301,3 +309,19 @@ def test_auto_k_on_a_trained_model_meets_the_criterion_or_says_it_did_not(
         assert intact - measure(m, xs, ys, cfg, sae_causal.spliced(sae)).accuracy == (
             pytest.approx(sel["cost"], abs=1e-9)
         )
+
+
+def test_the_dose_axis_is_ticked_at_the_doses(axis_run: sae_causal.SAECausal) -> None:
+    """Every log dose axis has one major tick per dose (2, 3, 7, all = 8), plain integer labels
+    (7 left blank: it would print over 8) and no minor ticks."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    fig = sae_causal.plot(axis_run)
+    FigureCanvasAgg(fig).draw()
+    axes = fig.axes[:3]  # one site: the probe, accuracy and RPI-SSDC panels (then legends)
+    assert axis_run.results[0].dose_curve("positional")[0] == [2, 3, 7, 8]
+    for ax in axes:
+        assert ax.get_xscale() == "log"
+        assert list(ax.get_xticks()) == [2, 3, 7, 8]
+        assert [t.get_text() for t in ax.get_xticklabels()] == ["2", "3", "", "8"]
+        assert len(ax.xaxis.get_minorticklocs()) == 0
