@@ -197,7 +197,7 @@ def latents_key(site: str, kind: str) -> str:
 
 
 # headline numbers of how the SAE's k was chosen (k_key(site, number)): the k kept, what its
-# reconstruction alone cost in accuracy, whether that met the criterion (1/0; NaN without a
+# reconstruction alone cost in accuracy, whether that met the criterion (1/0; None without a
 # classifier head), and how many ks were tried; k_cost_at_key(site, k): each rung's cost
 K, K_COST, K_CRITERION_MET, K_TRIED = "k", "k_cost", "k_criterion_met", "k_tried"
 
@@ -220,7 +220,7 @@ def k_numbers(site: str, sel: dict[str, Any] | None) -> Headline:
     out: Headline = {
         k_key(site, K): float(sel["k"]),
         k_key(site, K_COST): sel["cost"],
-        k_key(site, K_CRITERION_MET): float("nan") if met is None else float(met),
+        k_key(site, K_CRITERION_MET): None if met is None else float(met),
         k_key(site, K_TRIED): float(len(sel["ladder"])),
     }
     return out | {k_cost_at_key(site, rung["k"]): rung["cost"] for rung in sel["ladder"]}
