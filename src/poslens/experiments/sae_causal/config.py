@@ -11,6 +11,17 @@ from poslens.models import hooks
 from poslens.models.vit import ViT
 from poslens.sae.config import SAEConfig
 
+# k = 0 ("auto by criterion"): the smallest k of Config.k_ladder whose reconstruction alone,
+# spliced as the "reconstruction" condition splices it (plain, at the residual for a normalised
+# site), costs at most this much accuracy (a fraction: 0.03 is 3 points, paired over the
+# selection images). At width 32 the width rule's k = 4 cost 23-53 points (NOTES.md, "Sparse
+# autoencoders"): an SAE that breaks the model on its own cannot say what the model uses.
+RECON_MAX_COST = 0.03
+# the selection images: the first max(analysis.n_images, this) of the validation split, apart
+# from the evaluation images (unless analysis.split is val); 500 keeps the cost's paired SE
+# near a point at a few points of cost
+SELECTION_IMAGES = 500
+
 # sites entries: "early" is the normalised residual entering block round(2 * depth / 12), the
 # original study's block 2 of 12 scaled to the model's depth; "probe" the probe block's (where
 # the intact model's position probes peak, or analysis.probe_block), as the original placed its
@@ -23,8 +34,10 @@ class Config(ExperimentConfig):
     # Where SAEs read, one test each. An SAE on a normalised residual is spliced at the residual
     # the norm reads, so an edit reaches every later block (sae.metrics.splice).
     sites: tuple[str, ...] = (EARLY, PROBE)
-    # active latents per token; 0: one per 12 input dimensions, at least 4 (the original's 64 at
-    # d = 768). A k near d lets the SAE spread position over many latents at once.
+    # active latents per token; 0: chosen by a stated criterion (RECON_MAX_COST, k_ladder): the
+    # width rule's k (one per 12 input dimensions, at least 4: the original's 64 at d = 768) if
+    # its reconstruction alone keeps the model, else the next of its doublings that does. A k
+    # near d lets the SAE spread position over many latents at once.
     k: int = 0
     expansion: int = 5  # d_sae / d_in, as the original
     epochs: int = 5
@@ -48,11 +61,23 @@ class Config(ExperimentConfig):
             )
         check_count("analysis.train_images", self.train_images, "images")
 
-    def sae_config(self, site: str, d_in: int) -> SAEConfig:
-        """The SAE at `site` for activations of width d_in (k resolved when automatic)."""
+    def k_ladder(self, d_in: int) -> tuple[int, ...]:
+        """The k tried in order for activations of width d_in: cfg.k alone when set; for k = 0,
+        auto_k(d_in), then doublings, up to and including min(d_in, d_sae / 2)."""
+        if self.k:
+            return (self.k,)
+        ks = [auto_k(d_in)]
+        top = min(d_in, self.expansion * d_in // 2)
+        while ks[-1] * 2 < top:
+            ks.append(ks[-1] * 2)
+        return (*ks, top) if ks[-1] < top else tuple(ks)
+
+    def sae_config(self, site: str, d_in: int, k: int | None = None) -> SAEConfig:
+        """The SAE at `site` for activations of width d_in with k active latents (default: cfg.k,
+        or the width rule's auto_k when cfg.k = 0)."""
         return SAEConfig(
             site=site,
-            k=self.k or auto_k(d_in),
+            k=k or self.k or auto_k(d_in),
             expansion=self.expansion,
             epochs=self.epochs,
             whiten=self.whiten,
@@ -103,4 +128,15 @@ def resolve_sites(model: ViT, cfg: Config, probe_block: int) -> dict[str, list[s
     return sites
 
 
-__all__ = ["EARLY", "PROBE", "Config", "applies", "early_block", "resolve_sites", "site_index"]
+__all__ = [
+    "EARLY",
+    "PROBE",
+    "RECON_MAX_COST",
+    "SELECTION_IMAGES",
+    "Config",
+    "applies",
+    "auto_k",
+    "early_block",
+    "resolve_sites",
+    "site_index",
+]

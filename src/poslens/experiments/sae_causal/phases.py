@@ -19,7 +19,13 @@ from poslens.experiments.readout import (
     site_labels,
     summarise,
 )
-from poslens.experiments.sae_causal.config import Config, resolve_sites, site_index
+from poslens.experiments.sae_causal.config import (
+    RECON_MAX_COST,
+    SELECTION_IMAGES,
+    Config,
+    resolve_sites,
+    site_index,
+)
 from poslens.experiments.sae_causal.edits import matched_random, resample, set_to, spliced, zero
 from poslens.experiments.sae_causal.result import SAECausal, SiteResult
 from poslens.metrics.stats import row_col_share
@@ -28,7 +34,7 @@ from poslens.models.vit import ViT
 from poslens.precision import autocast
 from poslens.progress import track
 from poslens.sae.latents import PositionalLatents, find_positional_latents
-from poslens.sae.metrics import evaluate
+from poslens.sae.metrics import evaluate, spliced_quality
 from poslens.sae.model import TopKSAE
 from poslens.sae.pipeline import patch_codes, training_images
 from poslens.sae.store import ActivationStore
@@ -41,7 +47,8 @@ def conditions(
     sae: TopKSAE, pl: PositionalLatents, codes: np.ndarray, cfg: Config
 ) -> list[Planned]:
     """Every edit at one SAE: the reconstruction alone; the top n positional latents zeroed for
-    each dose (plain and +error); the row and column latents alone and the cell latents alone;
+    each dose (plain and +error); the row and column latents, the row latents alone, the column
+    latents alone and the cell latents alone;
     uniform and matched random latents of each size (draws); mean ablation; resampling. All but
     the plain splices carry the error term, so they differ only in which latents move."""
     lat = pl.latents
@@ -81,7 +88,11 @@ def conditions(
             if not is_all:
                 meta = {k: v for k, v in meta.items() if k != "group"}
             out.append((name, cond, meta))
-    for kinds, group in ((("row", "col"), "rowcol"), (("cell",), "cell")):
+    # the row and column latents together, each axis alone (the original's axis split: the row
+    # latents zeroed should cost the row probe and leave the column probe), the cell latents
+    for kinds, group in (
+        (("row", "col"), "rowcol"), (("row",), "row"), (("col",), "col"), (("cell",), "cell")
+    ):  # fmt: skip
         chosen = pl.of_kind(*kinds)
         if len(chosen):
             n = len(chosen)
@@ -107,12 +118,76 @@ def probe_table(r: Readout, sites: list[int]) -> dict[str, np.ndarray]:
     }
 
 
-def train_site_sae(model: ViT, data: Task, cfg: Config, site: str) -> TopKSAE:
-    """An SAE at `site` on fresh training images' activations (stored as float32)."""
+def selection_images(data: Task, cfg: Config) -> tuple[torch.Tensor, torch.Tensor]:
+    """The images k is chosen on: the first max(n_images, SELECTION_IMAGES) of the val split."""
+    x, y = data.split("val")
+    n = max(cfg.n_images, SELECTION_IMAGES)
+    return x[:n], y[:n]
+
+
+def reconstruction_cost(
+    model: ViT, sae: TopKSAE, x: torch.Tensor, y: torch.Tensor, cfg: Config
+) -> dict[str, Any]:
+    """What splicing the SAE's reconstruction alone costs, as the "reconstruction" condition
+    splices it (plain, at the residual for a normalised site): accuracy lost (intact - spliced,
+    a fraction, paired over the images) with its SE, and KL(intact || spliced). NaN without a
+    classifier head."""
+    if model.cfg.num_classes == 0:
+        return {"k": sae.k, "cost": float("nan"), "cost_se": float("nan"), "kl": float("nan")}
     with autocast(model, cfg.precision):
-        store = ActivationStore.from_model(model, training_images(data, cfg.train_images), site)
-    sae, _ = train_sae(store, cfg.sae_config(site, store.d_in), device=model.head.weight.device)
-    return sae
+        q = spliced_quality(model, sae, x, y, batch=cfg.batch_size)["spliced"]
+    return {"k": sae.k, "cost": -q["d_acc"], "cost_se": q["d_acc_se"], "kl": q["kl"]}
+
+
+def meets_criterion(cost: float) -> bool:
+    """Whether a reconstruction cost is within RECON_MAX_COST (the tolerance absorbs the float
+    error of a count fraction such as 15 / 500; NaN never meets it)."""
+    return cost <= RECON_MAX_COST + 1e-9
+
+
+def fit_site_sae(
+    model: ViT, data: Task, cfg: Config, site: str, sae: TopKSAE | None = None
+) -> tuple[TopKSAE, dict[str, Any]]:
+    """The SAE at `site` and how its k was chosen (SiteResult.k_selection).
+
+    Given an SAE, or with cfg.k > 0, that SAE (that k) is measured and kept. With k = 0 the
+    ladder cfg.k_ladder(d_in) is trained rung by rung on one store of fresh training images'
+    activations (float32), stopping at the first k whose reconstruction alone costs at most
+    RECON_MAX_COST accuracy on the selection images; when no rung does, the cheapest rung is
+    kept (smallest k among ties) and criterion_met is False. Without a classifier head there is
+    no cost to read: the first rung (the width rule's k) is kept, criterion_met None."""
+    xs, ys = selection_images(data, cfg)
+    if sae is not None:
+        tried = [(sae, reconstruction_cost(model, sae, xs, ys, cfg))]
+    else:
+        with autocast(model, cfg.precision):
+            store = ActivationStore.from_model(model, training_images(data, cfg.train_images), site)
+        ladder = cfg.k_ladder(store.d_in)
+        tried = []
+        for k in ladder if model.cfg.num_classes else ladder[:1]:
+            cand, _ = train_sae(
+                store, cfg.sae_config(site, store.d_in, k), device=model.head.weight.device
+            )
+            tried.append((cand, reconstruction_cost(model, cand, xs, ys, cfg)))
+            if meets_criterion(tried[-1][1]["cost"]):
+                break
+    met = [t for t in tried if meets_criterion(t[1]["cost"])]
+    labelled = model.cfg.num_classes > 0
+    if met or not labelled:
+        chosen, cost = (met or tried)[0]
+    else:
+        chosen, cost = min(tried, key=lambda t: (t[1]["cost"], t[1]["k"]))
+    selection = {
+        "k": chosen.k,
+        "cost": cost["cost"],
+        "cost_se": cost["cost_se"],
+        "criterion_met": bool(met) if labelled else None,
+        "max_cost": RECON_MAX_COST,
+        "by_criterion": sae is None and cfg.k == 0,
+        "images": len(xs),
+        "ladder": [c for _, c in tried],
+    }
+    return chosen, selection
 
 
 def run_site(
@@ -128,11 +203,12 @@ def run_site(
     sae: TopKSAE | None = None,
     roles: list[str] | None = None,
 ) -> SiteResult:
-    """Train (or take) an SAE at `site`, find its positional latents and run every edit; each is
-    read at the SAE's site and the output, with the intact model's fixed probes and refitted ones."""
+    """Train (or take) an SAE at `site` (its k chosen by fit_site_sae), find its positional
+    latents and run every edit; each is read at the SAE's site and the output, with the intact
+    model's fixed probes and refitted ones."""
     idx = site_index(model, site)
     probe_sites = sorted({idx, model.cfg.depth})
-    sae = sae or train_site_sae(model, data, cfg, site)
+    sae, k_selection = fit_site_sae(model, data, cfg, site, sae)
     xv = data.split("val")[0][: cfg.probe_images]
     with autocast(model, cfg.precision):
         val_store = ActivationStore.from_model(model, xv, site)
@@ -148,7 +224,9 @@ def run_site(
     probes["intact"] = probe_table(base, probe_sites)
     assert base.probes is not None
     probes["chance"] = {"refit": np.tile(np.array(base.probes.chance), (len(probe_sites), 1))}
-    return SiteResult(site, idx, probe_sites, quality, pl, results, probes, roles or [])
+    return SiteResult(
+        site, idx, probe_sites, quality, pl, results, probes, roles or [], k_selection
+    )
 
 
 @torch.no_grad()
@@ -197,4 +275,12 @@ def run(
     )
 
 
-__all__ = ["conditions", "position_table", "run", "run_site"]
+__all__ = [
+    "conditions",
+    "fit_site_sae",
+    "position_table",
+    "reconstruction_cost",
+    "run",
+    "run_site",
+    "selection_images",
+]

@@ -1,5 +1,6 @@
 """The SAE causal test's figure: per SAE site, the fixed exact probe at the site, accuracy and
-RPI-SSDC at the output against the number of latents edited, with the controls."""
+RPI-SSDC at the output against the number of latents edited (log axis, ticked at the doses),
+with the controls."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import math
 from typing import TYPE_CHECKING
 
 import numpy as np
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.ticker import NullLocator
 
 if TYPE_CHECKING:
     from poslens.experiments.sae_causal.result import SAECausal
@@ -19,9 +22,29 @@ STYLES = (
     ("matched_all", "s:"),
     ("rowcol", "D"),
     ("matched_rowcol", "d"),
+    ("row", "^"),
+    ("col", "v"),
     ("cell", "P"),
     ("matched_cell", "p"),
 )
+
+
+# a dose's tick is labelled only if it is at least this factor below the next labelled one, so
+# that neighbouring doses (e.g. 32 and all = 34) do not print over each other
+LABEL_RATIO = 1.3
+
+
+def dose_ticks(ax: Axes, doses: list[int]) -> None:
+    """A log x axis with one major tick per dose, labelled with the plain integer (the largest,
+    "all", always), and no minor ticks (matplotlib's 2x10^0 3x10^0 ... ran into each other)."""
+    ax.set_xscale("log")
+    labels, last = [], float("inf")
+    for n in sorted(doses, reverse=True):
+        keep = n * LABEL_RATIO <= last
+        labels.append(str(n) if keep else "")
+        last = n if keep else last
+    ax.set_xticks(sorted(doses), labels[::-1])
+    ax.xaxis.set_minor_locator(NullLocator())
 
 
 def plot(res: SAECausal) -> Figure:
@@ -53,9 +76,10 @@ def plot(res: SAECausal) -> Figure:
         ax2.set(title="accuracy", xlabel="latents zeroed", ylabel="%", ylim=(0, 101))
         ax3.axhline(res.baseline["ssdc_rpi"][-1], color="black", lw=1)
         ax3.set(title="RPI-SSDC at out", xlabel="latents zeroed")
+        doses = r.dose_curve("positional")[0]
         for ax in (ax1, ax2, ax3):
             ax.grid(alpha=0.3)
-            if any(r.dose_curve("positional")[0]) and (labelled or ax is not ax2):
-                ax.set_xscale("log")
+            if doses and (labelled or ax is not ax2):
+                dose_ticks(ax, doses)
         ax1.legend(fontsize=7)
     return fig

@@ -13,6 +13,28 @@ from poslens.experiments.readout import ConditionResult
 from poslens.metrics.probes import TARGETS
 from poslens.sae.latents import PositionalLatents
 
+# Where a drop is read (index into SiteResult.probe_sites): the SAE's site and the output.
+WHERES = {"site": 0, "out": -1}
+
+
+def fixed_drop(where: str, axis: str | None = None) -> str:
+    """The summary number of the intact model's fixed probe's drop toward chance at `where`
+    (site, out): the exact probe's (fixed_drop_site), or the row / column probe's
+    (fixed_drop_site_row, fixed_drop_out_col, ...)."""
+    return f"fixed_drop_{where}" + (f"_{axis}" if axis else "")
+
+
+FIXED_DROP_SITE, FIXED_DROP_OUT = fixed_drop("site"), fixed_drop("out")
+FIXED_DROP_SITE_ROW, FIXED_DROP_SITE_COL = fixed_drop("site", "row"), fixed_drop("site", "col")
+FIXED_DROP_OUT_ROW, FIXED_DROP_OUT_COL = fixed_drop("out", "row"), fixed_drop("out", "col")
+AXES = ("row", "col")  # the probe targets read per axis, as in metrics.probes.TARGETS
+
+# Condition groups of the axis test (all spliced "+error"): the row and column latents zeroed
+# together, the row latents alone, the column latents alone, and as many random latents matched
+# on firing rate and mass for each.
+ROWCOL_ZEROED, ROW_ZEROED, COL_ZEROED = "rowcol+error", "row+error", "col+error"
+MATCHED_ROWCOL, MATCHED_ROW, MATCHED_COL = "matched_rowcol", "matched_row", "matched_col"
+
 # The readouts summarised per condition group (see SiteResult.summary).
 GROUPS = (
     "reconstruction",
@@ -20,8 +42,12 @@ GROUPS = (
     "zero_all+error",
     "uniform_all",
     "matched_all",
-    "rowcol+error",
-    "matched_rowcol",
+    ROWCOL_ZEROED,
+    MATCHED_ROWCOL,
+    ROW_ZEROED,
+    MATCHED_ROW,
+    COL_ZEROED,
+    MATCHED_COL,
     "cell+error",
     "matched_cell",
     "mean_all",
@@ -46,6 +72,10 @@ class SiteResult:
     conditions: list[ConditionResult]
     probes: dict[str, dict[str, np.ndarray]]
     roles: list[str]  # "early", "probe": what the study's configuration asked this site to be
+    # how k was chosen (phases.fit_site_sae): k, cost (accuracy the reconstruction alone cost),
+    # cost_se, criterion_met (cost <= max_cost; None without a classifier head), by_criterion
+    # (k = 0), images, and the ladder tried: [{k, cost, cost_se, kl}] in order
+    k_selection: dict[str, Any]
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -54,6 +84,7 @@ class SiteResult:
             "site_index": self.site_index,
             "probe_sites": self.probe_sites,
             "sae_quality": self.sae_quality,
+            "k_selection": self.k_selection,
             "positional_latents": self.positional.to_dict(),
             "conditions": self.conditions,
             "probes": self.probes,
@@ -78,18 +109,20 @@ class SiteResult:
         probe = [float(np.mean([self.probes[c.name][kind][0, 0] for c in by_n[n]])) for n in ns]
         return ns, probe, [by_n[n][0] for n in ns]
 
-    def drop(self, name: str, kind: str, where: int) -> float:
-        """How far the exact probe of `kind` at probe site `where` (0: the SAE's site, -1: out)
-        fell toward chance: (intact - condition) / (intact - chance)."""
-        intact = self.probes["intact"][kind.replace("fixed", "refit")][where, 0]
-        chance = self.probes["chance"]["refit"][where, 0]
+    def drop(self, name: str, kind: str, where: int, target: str = "exact") -> float:
+        """How far the `target` probe (exact, row, col) of `kind` at probe site `where` (0: the
+        SAE's site, -1: out) fell toward chance: (intact - condition) / (intact - chance)."""
+        j = TARGETS.index(target)
+        intact = self.probes["intact"][kind.replace("fixed", "refit")][where, j]
+        chance = self.probes["chance"]["refit"][where, j]
         gap = intact - chance
-        return float((intact - self.probes[name][kind][where, 0]) / gap) if gap > 0 else 0.0
+        return float((intact - self.probes[name][kind][where, j]) / gap) if gap > 0 else 0.0
 
     def summary(self) -> dict[str, Any]:
         """Per condition group: the fixed and refitted exact probe's drop toward chance at the
-        site and the output, accuracy and margin changes with paired SE (means over draws), and
-        RPI-SSDC at the output; plus the positional latents found, by kind."""
+        site and the output, and the fixed row and column probes' (fixed_drop(where, axis)),
+        accuracy and margin changes with paired SE (means over draws), and RPI-SSDC at the
+        output; plus the positional latents found, by kind."""
         out: dict[str, Any] = {"n_positional": len(self.positional.latents)}
         out["kinds"] = self.positional.counts
         for group in GROUPS:
@@ -99,7 +132,14 @@ class SiteResult:
             numbers = {
                 f"{kind}_drop_{where}": float(np.mean([self.drop(c.name, kind, i) for c in cs]))
                 for kind in ("fixed", "refit", "fixed_rpi")
-                for where, i in (("site", 0), ("out", -1))
+                for where, i in WHERES.items()
+            }
+            numbers |= {
+                fixed_drop(where, axis): float(
+                    np.mean([self.drop(c.name, "fixed", i, axis) for c in cs])
+                )
+                for where, i in WHERES.items()
+                for axis in AXES
             }
             for metric in ("d_accuracy", "d_margin"):
                 numbers[metric] = float(np.mean([getattr(c, metric).mean for c in cs]))
@@ -156,16 +196,47 @@ def latents_key(site: str, kind: str) -> str:
     return f"{site}.latents_{kind}"
 
 
+# headline numbers of how the SAE's k was chosen (k_key(site, number)): the k kept, what its
+# reconstruction alone cost in accuracy, whether that met the criterion (1/0; None without a
+# classifier head), and how many ks were tried; k_cost_at_key(site, k): each rung's cost
+K, K_COST, K_CRITERION_MET, K_TRIED = "k", "k_cost", "k_criterion_met", "k_tried"
+
+
+def k_key(site: str, number: str = K) -> str:
+    """The headline key of one number of the k selection at a site (K, K_COST, ...)."""
+    return f"{site}.{number}"
+
+
+def k_cost_at_key(site: str, k: int) -> str:
+    """The headline key of what the reconstruction alone cost at one k of the ladder tried."""
+    return f"{site}.k_cost_at_{k}"
+
+
+def k_numbers(site: str, sel: dict[str, Any] | None) -> Headline:
+    """The k selection's headline numbers at `site` (none for results saved before it)."""
+    if not sel:
+        return {}
+    met = sel["criterion_met"]
+    out: Headline = {
+        k_key(site, K): float(sel["k"]),
+        k_key(site, K_COST): sel["cost"],
+        k_key(site, K_CRITERION_MET): None if met is None else float(met),
+        k_key(site, K_TRIED): float(len(sel["ladder"])),
+    }
+    return out | {k_cost_at_key(site, rung["k"]): rung["cost"] for rung in sel["ladder"]}
+
+
 def headline(d: dict[str, Any]) -> Headline:
     """Per SAE site, under its hook name and under each role it plays ("early", "probe"): FVU,
-    the positional latents by kind, and every summary group's numbers (key(site, group, n));
-    the position table's row + column share."""
+    how k was chosen (k_numbers), the positional latents by kind, and every summary group's
+    numbers (key(site, group, n)); the position table's row + column share."""
     out: Headline = {}
     for site, r in d["sae_sites"].items():
         s = r["summary"]
         for name in (site, *r.get("roles", [])):
             out[f"{name}.fvu"] = r["sae_quality"]["fvu"]
             out[f"{name}.n_positional"] = float(s["n_positional"])
+            out |= k_numbers(name, r.get("k_selection"))
             out |= {latents_key(name, k): float(n) for k, n in s["kinds"].items()}
             for group in GROUPS:
                 for k, x in s.get(group, {}).items():
@@ -175,4 +246,32 @@ def headline(d: dict[str, Any]) -> Headline:
     return out
 
 
-__all__ = ["GROUPS", "SAECausal", "SiteResult", "headline", "key", "latents_key"]
+__all__ = [
+    "AXES",
+    "COL_ZEROED",
+    "FIXED_DROP_OUT",
+    "FIXED_DROP_OUT_COL",
+    "FIXED_DROP_OUT_ROW",
+    "FIXED_DROP_SITE",
+    "FIXED_DROP_SITE_COL",
+    "FIXED_DROP_SITE_ROW",
+    "GROUPS",
+    "K_COST",
+    "K_CRITERION_MET",
+    "K_TRIED",
+    "MATCHED_COL",
+    "MATCHED_ROW",
+    "MATCHED_ROWCOL",
+    "ROWCOL_ZEROED",
+    "ROW_ZEROED",
+    "K",
+    "SAECausal",
+    "SiteResult",
+    "fixed_drop",
+    "headline",
+    "k_cost_at_key",
+    "k_key",
+    "k_numbers",
+    "key",
+    "latents_key",
+]
