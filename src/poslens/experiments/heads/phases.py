@@ -335,6 +335,7 @@ def run(model: ViT, data: Task, cfg: Config | None = None, progress: bool = Fals
         readouts |= {"intact": ref.base}
 
     windows, rebuilding = score_rebuilding(readouts, plan, rebuild_units, out_site=depth)
+    per_image = readouts if plan.last is not None else {}  # what verdict() reads, not saved
     return Heads(
         posenc=model.cfg.posenc,
         sites=site_labels(model),
@@ -351,5 +352,6 @@ def run(model: ViT, data: Task, cfg: Config | None = None, progress: bool = Fals
         windows=windows,
         rebuilding=rebuilding,
         notes=plan.notes,
-        margins={k: r.margin for k, r in readouts.items()} if plan.last is not None else {},
+        margins={k: r.margin for k, r in per_image.items()},
+        correct={k: r.correct.astype(float) for k, r in per_image.items()},
     )
