@@ -35,6 +35,7 @@ from poslens.experiments.heads.result import (
 )
 from poslens.experiments.heads.units import head_mask, heads_off, window_mask
 from poslens.experiments.output import save
+from poslens.experiments.readout import eval_images, measure, reference
 from poslens.interventions import axis_map, rotary_mask
 from poslens.io import jsonable, save_tensors, write_json
 from poslens.metrics import correct_class_margin
@@ -291,6 +292,44 @@ def test_rebuilding_scores_match_direct_margins(planted_result: heads.Heads, noi
     # The loud planted heads of block 1 cost margin when masked; untouched ones much less.
     drops = {r.head: r.drop_intact.mean for r in res.rebuild("all", "block_head")}
     assert min(abs(drops[0]), abs(drops[1])) > 10 * max(abs(drops[2]), abs(drops[3]))
+
+
+@pytest.mark.parametrize("rebuild_probes", [True, False])
+def test_reused_readouts_equal_fresh_ones(noise: Task, rebuild_probes: bool) -> None:
+    """With the probe site at the output, a block-head unit masked in the intact model is its
+    carrying condition, and a cumulative draw of one unit is too: run() measures them once. The
+    reused numbers equal a fresh measurement of the same condition."""
+    m = planted()
+    cfg = heads.Config(
+        n_images=60, probe_images=30, batch_size=60, draws=2, probe_block=2, window_k=0,
+        units=("block_head",), cumulative=(1,), axis_windows=False, rebuild_probes=rebuild_probes,
+    )  # fmt: skip
+    res = heads.run(m, noise, cfg)
+    x, y = eval_images(noise, cfg)
+    ref = reference(m, x, y, cfg, extra_sites=[2])
+    carrying = {c.meta["unit"]: c for c in res.carrying}
+    assert {r.unit for r in res.rebuild("all")} <= set(carrying)  # every one was reused
+    for r in res.rebuild("all"):
+        fresh = measure(m, x, y, cfg, heads_off(m, [(1, r.head)]), [2], fixed=ref.fixed)
+        assert r.drop_intact.mean == pytest.approx(
+            (ref.base.margin - fresh.margin).mean(), abs=1e-9
+        )
+        assert r.ssdc_out_intact == pytest.approx(fresh.ssdc_rpi[-1], abs=1e-9)
+        if rebuild_probes:
+            assert r.probe_out_intact is not None
+            np.testing.assert_allclose(r.probe_out_intact, fresh.probe_at(2))
+        else:
+            assert r.probe_out_intact is None and r.probe_out is None
+    assert len(res.cumulative) == 3  # the top unit and two random ones
+    for c in res.cumulative:
+        (unit,) = c.meta["units"]
+        block, head = int(unit[1]), int(unit[3])
+        fresh = measure(m, x, y, cfg, heads_off(m, [(block, head)]), [2], fixed=ref.fixed)
+        assert c.margin == pytest.approx(fresh.margin.mean(), abs=1e-9)
+        assert c.probe is not None
+        np.testing.assert_allclose(c.probe, fresh.probe_at(2))
+        assert c.meta["damage"] == carrying[unit].meta["damage"]
+        assert c.name.startswith(c.meta["selection"]) and "rank" not in c.meta
 
 
 def test_ratio_delta_method_matches_a_paired_bootstrap() -> None:
