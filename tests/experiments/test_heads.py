@@ -1,6 +1,8 @@
 """Heads: planted row / column / uniform heads get the right specialization, masking the planted
 row head removes row information downstream, the rebuilding bookkeeping matches direct margins,
-the delta-method SE matches a bootstrap, config errors name the field, APE uses head ablation."""
+the delta-method SE matches a bootstrap, a planted rebuilder beats the held-out null across heads
+(and a model with nothing to rebuild does not), config errors name the field, APE uses head
+ablation."""
 
 from __future__ import annotations
 
@@ -17,10 +19,25 @@ from poslens.data import DataConfig, Task, build_task
 from poslens.errors import ConfigError
 from poslens.experiments import EXPERIMENTS, get, heads
 from poslens.experiments.heads.config import window_last
-from poslens.experiments.heads.units import heads_off
+from poslens.experiments.heads.result import (
+    EXCESS,
+    EXCESS_ACCURACY,
+    HELD_OUT,
+    HELD_OUT_STATS,
+    N_IMAGES,
+    NULL_EXCESS,
+    TOP_MINUS_NULL,
+    TOP_MINUS_NULL_ACCURACY,
+    UNIT,
+    held_out,
+    held_out_key,
+    se_key,
+)
+from poslens.experiments.heads.units import head_mask, heads_off, window_mask
 from poslens.experiments.output import save
+from poslens.experiments.readout import eval_images, measure, reference
 from poslens.interventions import axis_map, rotary_mask
-from poslens.io import save_tensors, write_json
+from poslens.io import jsonable, save_tensors, write_json
 from poslens.metrics import correct_class_margin
 from poslens.metrics.attention import AttentionAccumulator, attention_stats, specialization
 from poslens.metrics.stats import ratio_diff_se, ratio_se
@@ -277,6 +294,44 @@ def test_rebuilding_scores_match_direct_margins(planted_result: heads.Heads, noi
     assert min(abs(drops[0]), abs(drops[1])) > 10 * max(abs(drops[2]), abs(drops[3]))
 
 
+@pytest.mark.parametrize("rebuild_probes", [True, False])
+def test_reused_readouts_equal_fresh_ones(noise: Task, rebuild_probes: bool) -> None:
+    """With the probe site at the output, a block-head unit masked in the intact model is its
+    carrying condition, and a cumulative draw of one unit is too: run() measures them once. The
+    reused numbers equal a fresh measurement of the same condition."""
+    m = planted()
+    cfg = heads.Config(
+        n_images=60, probe_images=30, batch_size=60, draws=2, probe_block=2, window_k=0,
+        units=("block_head",), cumulative=(1,), axis_windows=False, rebuild_probes=rebuild_probes,
+    )  # fmt: skip
+    res = heads.run(m, noise, cfg)
+    x, y = eval_images(noise, cfg)
+    ref = reference(m, x, y, cfg, extra_sites=[2])
+    carrying = {c.meta["unit"]: c for c in res.carrying}
+    assert {r.unit for r in res.rebuild("all")} <= set(carrying)  # every one was reused
+    for r in res.rebuild("all"):
+        fresh = measure(m, x, y, cfg, heads_off(m, [(1, r.head)]), [2], fixed=ref.fixed)
+        assert r.drop_intact.mean == pytest.approx(
+            (ref.base.margin - fresh.margin).mean(), abs=1e-9
+        )
+        assert r.ssdc_out_intact == pytest.approx(fresh.ssdc_rpi[-1], abs=1e-9)
+        if rebuild_probes:
+            assert r.probe_out_intact is not None
+            np.testing.assert_allclose(r.probe_out_intact, fresh.probe_at(2))
+        else:
+            assert r.probe_out_intact is None and r.probe_out is None
+    assert len(res.cumulative) == 3  # the top unit and two random ones
+    for c in res.cumulative:
+        (unit,) = c.meta["units"]
+        block, head = int(unit[1]), int(unit[3])
+        fresh = measure(m, x, y, cfg, heads_off(m, [(block, head)]), [2], fixed=ref.fixed)
+        assert c.margin == pytest.approx(fresh.margin.mean(), abs=1e-9)
+        assert c.probe is not None
+        np.testing.assert_allclose(c.probe, fresh.probe_at(2))
+        assert c.meta["damage"] == carrying[unit].meta["damage"]
+        assert c.name.startswith(c.meta["selection"]) and "rank" not in c.meta
+
+
 def test_ratio_delta_method_matches_a_paired_bootstrap() -> None:
     """a and b strongly correlated per image: ignoring the covariance would overstate the SE."""
     rng = np.random.default_rng(0)
@@ -307,11 +362,139 @@ def test_verdict_and_consistency(planted_result: heads.Heads) -> None:
         assert (r.unit in reb["rebuilders"]) == (r.excess.mean > 2 * r.excess.se)
         assert (r.unit in reb["cheaper_after_window"]) == (r.excess.mean < -2 * r.excess.se)
     assert v["carrying/block_head"]["top_k_vs_random"][1]["top"] > 0
-    assert reb["held_out"]["n"] == 100
+    assert reb[HELD_OUT][N_IMAGES] == 100
     corr = planted_result.consistency()
     assert corr["carrying_vs_abs_spec/block_head"]["n"] == HEADS
     # block 0: planted heads carry position and are specialized, uniform ones neither
     assert corr["carrying_vs_abs_spec/block_head"]["spearman"] > 0.5
+
+
+# ---------------------------------------------------------- held-out top rebuilder and its null
+
+
+class ZeroLabels(NoiseTask):
+    """NoiseTask with every label 0: the planted classifier below sets every image's margin."""
+
+    def _make_split(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = super()._make_split(name)
+        return x, torch.zeros_like(y)
+
+
+@torch.no_grad()
+def rebuilder(redundant: bool = True) -> ViT:
+    """A planted rebuilder for the window of block 0 (window_k=0). Patches share one embedding
+    (little content noise) and the MLPs are off; block 0 has one loud row head A = b0h0 (its other
+    heads write nothing), block 1 one loud column head u = b1h0. Each one's rotations move the CLS
+    token's attention and so shift its final features along a direction d; the classifier's
+    margin saturates in z = d . features: 1 while either shift is there, lower when both are gone.
+    Intact, masking u costs nothing (A's shift remains); after the window (A's rotations withheld)
+    it removes the last shift, so u costs more after the window than in the intact model.
+    redundant=False then makes A attend uniformly (its queries and keys zeroed), which is what
+    its masked rotations did: the window changes nothing, nothing is rebuilt, and masking u costs
+    the same margin with or without the window."""
+    m = tiny("rope_axial", dim=DIM, heads=HEADS)
+    g = torch.Generator().manual_seed(0)
+    dh = m.cfg.head_dim
+    m.patch_embed.weight.mul_(0.05)
+    m.patch_embed.bias.copy_(torch.randn(DIM, generator=g))
+    m.cls_token.copy_(torch.randn(1, 1, DIM, generator=g))
+    for block in m.blocks:
+        block.mlp.fc2.weight.zero_()
+        block.mlp.fc2.bias.zero_()
+    m.blocks[0].attn.proj.weight[:, dh:] = 0  # block 0: only head 0 writes
+    plant(m, 0, 0, "row", seed=1, loud=True)
+    plant(m, 1, 0, "col", seed=2, loud=True)
+    x, _ = ZeroLabels().split("test")
+    window, u = window_mask(m, "all", 0), head_mask(m, [(1, 0)])
+
+    def cls_features(mask: torch.Tensor) -> torch.Tensor:  # [D] mean final CLS features
+        with rotary_mask(m, planes=mask):
+            _, cache = m.run_with_cache(x[:64], ["ln_final.hook_normalized"])
+        return cache["ln_final.hook_normalized"][:, 0].mean(0)
+
+    feats = {k: cls_features(mask) for k, mask in (("u", u), ("w", window), ("wu", window | u))}
+    a_shift, u_shift = feats["u"] - feats["wu"], feats["w"] - feats["wu"]
+    d = a_shift / a_shift.norm() + u_shift / u_shift.norm()
+    d /= d.norm()
+    z = {k: float(f @ d) for k, f in feats.items()}
+    assert z["wu"] < min(z["u"], z["w"])  # each head's rotations alone move z up
+    theta, t = (z["wu"] + min(z["u"], z["w"])) / 2, 20.0
+    # logits: class 0 = 0, class 1 = -t (z - theta) - 1, class 2 = -1, others far below, so the
+    # margin of class 0 is min(1, 1 + t (z - theta)): saturated above theta
+    m.head.weight.zero_()
+    m.head.weight[1] = -t * d
+    m.head.bias.copy_(torch.tensor([0.0, t * theta - 1, -1.0, -50.0, -50.0]))
+    if not redundant:
+        plant(m, 0, 0, None, seed=1)  # A's queries and keys zeroed: uniform attention
+    return m
+
+
+REBUILD_CFG = dict(
+    n_images=120, probe_images=30, batch_size=120, draws=1, probe_block=1, window_k=0,
+    units=("block_head",), cumulative=(1,), rebuild_probes=False, axis_windows=False,
+)  # fmt: skip
+
+
+def test_planted_rebuilder_beats_the_held_out_null() -> None:
+    res = heads.run(rebuilder(), ZeroLabels(), heads.Config(**REBUILD_CFG))
+    rows = {r.unit: r for r in res.rebuild("all", "block_head")}
+    assert rows["b1h0"].drop_intact.mean == pytest.approx(0, abs=1e-6)  # redundant when intact
+    assert rows["b1h0"].drop_window.mean > 0.5  # the last shift after the window
+    ho = res.verdict()["rebuilding/block_head"][HELD_OUT]
+    assert ho[UNIT] == "b1h0" and ho[N_IMAGES] == 60
+    for name in (EXCESS, TOP_MINUS_NULL, EXCESS_ACCURACY, TOP_MINUS_NULL_ACCURACY):
+        assert ho[name] > 5 * ho[se_key(name)] > 0, name
+    # the null is the mean over the 4 units: the rebuilder's excess and three near-zero ones
+    assert ho[NULL_EXCESS] == pytest.approx(ho[EXCESS] / 4, rel=0.05)
+    assert ho[EXCESS_ACCURACY] > 0.5  # masking u after the window costs most images
+    h = heads.headline(jsonable(res.to_dict()))
+    for name in HELD_OUT_STATS:
+        assert h[held_out_key("block_head", name)] == pytest.approx(ho[name])
+        assert h[held_out_key("block_head", se_key(name))] == pytest.approx(ho[se_key(name)])
+
+
+def test_nothing_to_rebuild_leaves_top_and_null_at_zero() -> None:
+    res = heads.run(rebuilder(redundant=False), ZeroLabels(), heads.Config(**REBUILD_CFG))
+    rows = {r.unit: r for r in res.rebuild("all", "block_head")}
+    assert rows["b1h0"].drop_intact.mean > 0.5  # the head matters, with or without the window
+    assert all(abs(r.excess.mean) < 1e-9 for r in rows.values())
+    h = heads.headline(jsonable(res.to_dict()))
+    for name in HELD_OUT_STATS:
+        assert abs(h[held_out_key("block_head", name)]) < 1e-9, name
+        assert held_out_key("block_head", se_key(name)) in h
+
+
+def _planted_margins(
+    excess: list[float], n: int = 400, seed: int = 0
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], list[str]]:
+    """Per-image margins of units whose cost after the window exceeds their intact cost by
+    `excess` (plus noise), and correctness = margin > 0."""
+    rng = np.random.default_rng(seed)
+    units = [f"u{i}" for i in range(len(excess))]
+    m = {"intact": rng.normal(2, 1, n), "window:all": rng.normal(1, 1, n)}
+    for u, e in zip(units, excess, strict=True):
+        cost = rng.normal(0.5, 1, n)
+        m[f"unit:{u}"] = m["intact"] - cost
+        m[f"window:all+{u}"] = m["window:all"] - cost - e + rng.normal(0, 1, n)
+    return m, {k: (v > 0).astype(float) for k, v in m.items()}, units
+
+
+def test_held_out_null_catches_a_generic_excess() -> None:
+    """Every unit costs 0.4 more after the window: the top unit clears 2 SE alone, but so does
+    the null, and the top does not beat it. One planted unit of 0.8 among them does."""
+    margins, correct, units = _planted_margins([0.4] * 8)
+    ho = held_out(margins, correct, units)
+    assert ho[EXCESS] > 2 * ho[se_key(EXCESS)] and ho[NULL_EXCESS] > 2 * ho[se_key(NULL_EXCESS)]
+    assert abs(ho[TOP_MINUS_NULL]) < 3 * ho[se_key(TOP_MINUS_NULL)]
+    margins, correct, units = _planted_margins([0.4] * 7 + [1.2])
+    ho = held_out(margins, correct, units)
+    assert ho[UNIT] == "u7" and ho[TOP_MINUS_NULL] > 3 * ho[se_key(TOP_MINUS_NULL)]
+    # accuracy: the same unit's held-out excess in per-image correctness
+    perm = np.random.default_rng(12345).permutation(400)[200:]
+    e = (correct["window:all"] - correct["window:all+u7"]) - (
+        correct["intact"] - correct["unit:u7"]
+    )
+    assert ho[EXCESS_ACCURACY] == pytest.approx(e[perm].mean())
 
 
 # --------------------------------------------------------------------------- config, APE, IO

@@ -25,6 +25,10 @@ it (accuracy saturates near 100%, see NOTES.md: the margins decide). Redundancy 
 later blocks' rotations all masked, in the intact model (C_intact = margin(intact) - margin(later
 off)) and after the window (C_window = margin(window) - margin(window + later off)):
 compensation = C_window - C_intact with paired SE and the block-level ratio C_window / C_intact.
+Held out (the verdict's test of the top rebuilder, `result.held_out`): the unit with the
+largest margin excess on a seeded half of the images; on the other half, its excess in margin
+and accuracy against the null of a unit drawn at random (the mean over all units of its kind),
+and top minus null, paired per image.
 Axis x head: the same with row-only and column-only windows (planes from the axis map); a unit's
 axis preference = excess after the row window - excess after the column window.
 

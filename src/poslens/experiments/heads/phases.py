@@ -124,20 +124,20 @@ def score_carrying(
     at_site: Readout,
     units: list[Unit],
     advance: Advance,
-) -> list[ConditionResult]:
+) -> tuple[list[ConditionResult], dict[Unit, Readout]]:
     """Each unit masked alone (head units in every block), against `at_site` (the baseline
     probed at the probe site only); block_head units at or after the probe site cannot reach it
-    and are skipped. Meta: kind, unit, block, head, damage, rank."""
-    carrying = []
+    and are skipped. Meta: kind, unit, block, head, damage, rank. Also the readouts, by unit."""
+    carrying, readouts = [], {}
     for unit in units:
         if unit.block is None or unit.block < ref.probe_site:
             cond = heads_off(model, unit.pairs(range(model.cfg.depth)))
-            r = measure(model, x, y, cfg, cond, [ref.probe_site], fixed=ref.fixed)
+            r = readouts[unit] = measure(model, x, y, cfg, cond, [ref.probe_site], fixed=ref.fixed)
             meta = {"kind": unit.kind, "unit": unit.name, "block": unit.block, "head": unit.head}
             c = summarise(f"carry:{unit.name}", r, at_site, ref.floor, ref.probe_site, meta)
             carrying.append(replace(c, meta=c.meta | {"damage": carrying_damage(c)}))
         advance()
-    return ranked(carrying)
+    return ranked(carrying), readouts
 
 
 def ranked(carrying: list[ConditionResult]) -> list[ConditionResult]:
@@ -170,7 +170,8 @@ def score_cumulative(
     advance: Advance,
 ) -> list[ConditionResult]:
     """The top-k carriers masked together, and k random ones (seeded per kind, k and draw).
-    Meta: kind, k, selection, draw, units, damage."""
+    Meta: kind, k, selection, draw, units, damage. One unit (k = 1) is its carrying condition,
+    measured the same way: that result is reused, not measured again."""
     out = []
     for d in draws:
         ranked_units = sorted(
@@ -183,18 +184,21 @@ def score_cumulative(
                 seed = cfg.seed * 1000 + 101 * d.k + d.draw + (7 if d.kind == "head" else 0)
                 picks = np.random.default_rng(seed).choice(len(ranked_units), d.k, replace=False)
                 chosen, selection = [ranked_units[i] for i in sorted(picks)], "random"
-            pairs = [
-                p
-                for c in chosen
-                for p in Unit(c.meta["head"], c.meta["block"]).pairs(range(model.cfg.depth))
-            ]
-            r = measure(
-                model, x, y, cfg, heads_off(model, pairs), [ref.probe_site], fixed=ref.fixed
-            )
             meta = {"kind": d.kind, "k": d.k, "selection": selection, "draw": d.draw}
             meta["units"] = [c.meta["unit"] for c in chosen]
             name = f"{selection}_{d.k}:{d.kind}" + ("" if d.draw is None else f"/{d.draw}")
-            c = summarise(name, r, at_site, ref.floor, ref.probe_site, meta)
+            if d.k == 1:
+                c = replace(chosen[0], name=name, meta=meta)
+            else:
+                pairs = [
+                    p
+                    for c in chosen
+                    for p in Unit(c.meta["head"], c.meta["block"]).pairs(range(model.cfg.depth))
+                ]
+                r = measure(
+                    model, x, y, cfg, heads_off(model, pairs), [ref.probe_site], fixed=ref.fixed
+                )
+                c = summarise(name, r, at_site, ref.floor, ref.probe_site, meta)
             out.append(replace(c, meta=c.meta | {"damage": carrying_damage(c)}))
         advance()
     return out
@@ -208,13 +212,48 @@ def measure_rebuilding(
     masks: dict[str, torch.Tensor],
     advance: Advance,
     fixed: FixedProbes | None = None,
+    known: dict[bytes, Readout] | None = None,
 ) -> dict[str, Readout]:
-    """One readout per mask, probed at the output when cfg.rebuild_probes."""
+    """One readout per mask, probed at the output when cfg.rebuild_probes. A mask measured
+    before is not measured again: one in `known` (readouts measured the same way, by
+    mask_key), or one met earlier in `masks` (with one later block, head h is that block's
+    b<block>h<h>)."""
     sites = [model.cfg.depth] if cfg.rebuild_probes else []
+    seen = dict(known or {})
     out = {}
     for key, mask in masks.items():
-        out[key] = measure(model, x, y, cfg, planes_off(mask), probe_sites=sites, fixed=fixed)
+        k = mask_key(mask)
+        if k not in seen:
+            seen[k] = measure(model, x, y, cfg, planes_off(mask), probe_sites=sites, fixed=fixed)
+        out[key] = seen[k]
         advance()
+    return out
+
+
+def mask_key(mask: torch.Tensor) -> bytes:
+    """A [depth, H, P] plane mask as a dictionary key."""
+    return mask.numpy().tobytes()
+
+
+def carried_readouts(
+    model: ViT, cfg: Config, probe_site: int, carried: dict[Unit, Readout]
+) -> dict[bytes, Readout]:
+    """The carrying readouts that are also rebuilding readouts, by mask_key: a block-head unit
+    masked alone in the intact model ("unit:b<b>h<h>"), where rebuilding probes the same sites
+    (none, or the output when the probe site is the output). Without probes they are dropped:
+    margins and accuracy do not depend on them, nor does SSDC (up to float rounding where
+    analysis.ssdc_images < probe_images batches the RPI pass differently)."""
+    if not model.cfg.uses_rope or (cfg.rebuild_probes and probe_site != model.cfg.depth):
+        return {}
+    out = {}
+    for unit, r in carried.items():
+        if unit.block is not None:
+            if not cfg.rebuild_probes:
+                r = replace(
+                    r, probes=None, probe_sites=(), probes_rpi=None, fixed=None, fixed_rpi=None,
+                    fitted=None,
+                )  # fmt: skip
+            out[mask_key(head_mask(model, unit.pairs(range(model.cfg.depth))))] = r
     return out
 
 
@@ -329,12 +368,14 @@ def run(model: ViT, data: Task, cfg: Config | None = None, progress: bool = Fals
             model, x, cfg.batch_size, cfg.min_explained, precision=cfg.precision
         )
         advance()
-        carrying = score_carrying(model, x, y, cfg, ref, at_site, carry_units, advance)
+        carrying, carried = score_carrying(model, x, y, cfg, ref, at_site, carry_units, advance)
         cumulative = score_cumulative(model, x, y, cfg, ref, at_site, carrying, draws, advance)
-        readouts = measure_rebuilding(model, x, y, cfg, masks, advance, ref.fixed)
+        known = carried_readouts(model, cfg, ref.probe_site, carried)
+        readouts = measure_rebuilding(model, x, y, cfg, masks, advance, ref.fixed, known)
         readouts |= {"intact": ref.base}
 
     windows, rebuilding = score_rebuilding(readouts, plan, rebuild_units, out_site=depth)
+    per_image = readouts if plan.last is not None else {}  # what verdict() reads, not saved
     return Heads(
         posenc=model.cfg.posenc,
         sites=site_labels(model),
@@ -351,5 +392,6 @@ def run(model: ViT, data: Task, cfg: Config | None = None, progress: bool = Fals
         windows=windows,
         rebuilding=rebuilding,
         notes=plan.notes,
-        margins={k: r.margin for k, r in readouts.items()} if plan.last is not None else {},
+        margins={k: r.margin for k, r in per_image.items()},
+        correct={k: r.correct.astype(float) for k, r in per_image.items()},
     )

@@ -116,9 +116,11 @@ class Heads(Header):
     windows: list[WindowControl]
     rebuilding: list[Rebuild]
     notes: list[str]
-    # Per-image correct-class margins of the rebuilding readouts (keys "intact", "later",
-    # "window:W", "window:W+later", "unit:U", "window:W+U"); used by verdict(), not saved.
+    # Per-image correct-class margins and correctness (0 / 1) of the rebuilding readouts (keys
+    # "intact", "later", "window:W", "window:W+later", "unit:U", "window:W+U"); used by
+    # verdict(), not saved.
     margins: dict[str, np.ndarray] = field(default_factory=dict, repr=False, compare=False)
+    correct: dict[str, np.ndarray] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def depth(self) -> int:
@@ -209,7 +211,8 @@ class Heads(Header):
 
     def verdict(self) -> dict[str, Any]:
         """The numbers a claim rests on: specialized heads, the top carriers against random ones,
-        and whether any unit rebuilds (excess > 2 SE), with a held-out check of the top one."""
+        and whether any unit rebuilds (excess > 2 SE), with a held-out check of the top one
+        against a unit chosen at random (held_out)."""
         spec = self.attention.specialization
         out: dict[str, Any] = {"intervention": self.intervention}
         out["specialized_heads"] = int((np.abs(spec) >= SPECIALIZED).sum())
@@ -272,9 +275,9 @@ class Heads(Header):
                 "top_drop_intact": top.drop_intact.mean,
                 "top_d_accuracy_window": top.d_accuracy_window.mean,
                 "top_d_accuracy_intact": top.d_accuracy_intact.mean,
-                "held_out": self._held_out(rows),
+                HELD_OUT: held_out(self.margins, self.correct, [r.unit for r in rows]),
             }
-            out[f"rebuilding/{kind}"] = entry
+            out[f"{REBUILDING}/{kind}"] = entry
         out["any_rebuilder"] = any_rebuilder
         for key, corr in self.consistency().items():
             out[f"{CONSISTENCY}/{key}"] = corr
@@ -305,29 +308,12 @@ class Heads(Header):
             )
         return out
 
-    def _held_out(self, rows: list[Rebuild]) -> dict[str, Any]:
-        """The top unit chosen on a seeded half of the images, its excess on the other half."""
-        m = self.margins
-        n = len(m["intact"])
-        perm = np.random.default_rng(HELD_OUT_SEED).permutation(n)
-        pick, test = perm[: n // 2], perm[n // 2 :]
-
-        def excess(u: str, idx: np.ndarray) -> np.ndarray:
-            return (m["window:all"][idx] - m[f"window:all+{u}"][idx]) - (
-                m["intact"][idx] - m[f"unit:{u}"][idx]
-            )
-
-        best = max(rows, key=lambda r: excess(r.unit, pick).mean()).unit
-        e = excess(best, test)
-        d = paired_diff(e, np.zeros_like(e))
-        return {"unit": best, "excess": d.mean, "se": d.se, "n": d.n}
-
     # ---------------------------------------------------------------- output
     def to_dict(self) -> dict[str, Any]:
-        """Header's default (fields, probe site label, `derived()`), less the per-image margins:
+        """Header's default (fields, probe site label, `derived()`), less the per-image arrays:
         verdict() reads them, the JSON records what it computes from them."""
         d = super().to_dict()
-        del d["margins"]
+        del d["margins"], d["correct"]
         return d
 
     def derived(self) -> dict[str, Any]:
@@ -374,8 +360,87 @@ def consistency_key(measure: str, kind: str, stat: str = "pearson") -> str:
     return f"{CONSISTENCY}/{measure}/{kind}.{stat}"
 
 
+# --------------------------------------------------------------------- the held-out top rebuilder
+# verdict()["rebuilding/<units>"]["held_out"]: the top unit of the all-plane window, ranked by
+# margin excess on a seeded half of the images (HELD_OUT_SEED), measured on the other half,
+# against the null of a unit chosen uniformly at random (the mean over all units of that kind),
+# in margin and in accuracy (fraction of images; x100 for points). Each number has a paired SE
+# over the held-out images (se_key). Headline keys: held_out_key(units, name).
+REBUILDING, HELD_OUT = "rebuilding", "held_out"
+UNIT = "unit"  # the chosen unit's name (not a number: not in the headline)
+EXCESS = "excess"  # the top unit's excess, margin
+EXCESS_ACCURACY = "excess_accuracy"  # the same unit's excess, accuracy
+NULL_EXCESS = "null_excess"  # a random unit's excess (mean over units), margin
+NULL_EXCESS_ACCURACY = "null_excess_accuracy"
+TOP_MINUS_NULL = "top_minus_null"  # EXCESS - NULL_EXCESS, paired per image
+TOP_MINUS_NULL_ACCURACY = "top_minus_null_accuracy"
+TOP_RANK = "top_rank"  # the top unit's rank among all units by held-out margin excess (1 = first)
+N_IMAGES = "n"  # held-out images
+N_UNITS = "units"  # units the null averages over
+HELD_OUT_STATS = (
+    EXCESS, EXCESS_ACCURACY, NULL_EXCESS, NULL_EXCESS_ACCURACY, TOP_MINUS_NULL,
+    TOP_MINUS_NULL_ACCURACY,
+)  # fmt: skip
+
+
+def se_key(name: str) -> str:
+    """The name of the paired SE of one held-out statistic."""
+    return f"{name}_se"
+
+
+def held_out_key(units: str, name: str) -> str:
+    """The headline key of one held-out number (`name` one of the constants above, or
+    se_key(...) of one) for units of kind `units` ("head", "block_head")."""
+    return f"{REBUILDING}/{units}.{HELD_OUT}.{name}"
+
+
+def unit_excess(values: dict[str, np.ndarray], unit: str) -> np.ndarray:
+    """[images] what masking `unit` costs after the all-plane window minus what it costs in the
+    intact model, of per-image `values` (margins or correctness) keyed as Heads.margins."""
+    return (values["window:all"] - values[f"window:all+{unit}"]) - (
+        values["intact"] - values[f"unit:{unit}"]
+    )
+
+
+def held_out(
+    margins: dict[str, np.ndarray],
+    correct: dict[str, np.ndarray],
+    units: Sequence[str],
+    seed: int = HELD_OUT_SEED,
+) -> dict[str, Any]:
+    """The top unit by margin excess on a seeded half of the images; on the other half, its
+    excess (margin and accuracy), the excess of a unit drawn uniformly at random, and the
+    difference.
+
+    The null is the expectation over the draw, i.e. the mean over all `units` of their held-out
+    excess per image (the top unit included, as a random draw could pick it): exact, so no
+    seed and no Monte-Carlo error, and paired per image with the top unit's. Top > null says the
+    ranking generalises to new images; null > 0 says every unit costs more after the window."""
+    n = len(margins["intact"])
+    perm = np.random.default_rng(seed).permutation(n)
+    pick, test = perm[: n // 2], perm[n // 2 :]
+    by_margin = np.stack([unit_excess(margins, u) for u in units])  # [units, images]
+    by_accuracy = np.stack([unit_excess(correct, u) for u in units])
+    best = int(np.argmax(by_margin[:, pick].mean(axis=1)))  # first of ties
+    held = by_margin[:, test].mean(axis=1)
+    out: dict[str, Any] = {UNIT: units[best], N_IMAGES: len(test), N_UNITS: len(units)}
+    out[TOP_RANK] = 1 + int((held > held[best]).sum())
+    for e, (top, null, diff) in (
+        (by_margin, (EXCESS, NULL_EXCESS, TOP_MINUS_NULL)),
+        (by_accuracy, (EXCESS_ACCURACY, NULL_EXCESS_ACCURACY, TOP_MINUS_NULL_ACCURACY)),
+    ):
+        e_top, e_null = e[best, test], e[:, test].mean(axis=0)
+        for name, d in (
+            (top, paired_diff(e_top, np.zeros_like(e_top))),
+            (null, paired_diff(e_null, np.zeros_like(e_null))),
+            (diff, paired_diff(e_top, e_null)),
+        ):
+            out[name], out[se_key(name)] = d.mean, d.se
+    return out
+
+
 def headline(doc: dict[str, Any]) -> Headline:
-    """The verdict's numbers from the saved JSON, flattened ("rebuilding/head.held_out.excess");
+    """The verdict's numbers from the saved JSON, flattened (held_out_key, consistency_key);
     lists of units become their count (".n")."""
     return _flatten(doc["verdict"])
 
