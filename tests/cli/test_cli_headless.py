@@ -113,5 +113,5 @@ def test_study_on_a_headless_model(weights: Path, tmp_path: Path) -> None:
     run = res["models"][NAME]["runs"][0]
     assert run["pretrained"]["test_acc"] is None and run["pretrained"]["chance"] is None
     assert run["experiments"]["depth_profile"]["headline"]["ssdc_rpi@out"] is not None
-    matters = next(c for c in res["claims"] if c["id"] == "position_matters")
+    matters = next(c for c in res["claims"] if c["id"] == "position_matters.original")
     assert matters["verdict"] == "inconclusive" and "classifier" in matters["summary"]

@@ -64,6 +64,13 @@ def test_every_key_a_rule_reads_is_in_the_real_headline(rule, views: dict[str, V
         effect = rule.effect(v)
         assert v.missing == set(), f"{rule.id} on {v.model} read keys no headline has"
         assert len(effect.values) == 1  # one seed: one value (NaN allowed, with its reason)
+        # its secondary numbers and any null built inside a model read real keys too
+        for what, values in rule.notes(v):
+            assert len(values) == 1, what
+        for control in rule.controls:
+            if control.effect is not None:
+                assert len(control.effect(v).values) == 1
+        assert v.missing == set(), f"{rule.id}'s notes or nulls on {v.model} read missing keys"
 
 
 def test_a_renamed_condition_breaks_the_contract(views: dict[str, View]) -> None:
@@ -73,7 +80,7 @@ def test_a_renamed_condition_breaks_the_contract(views: dict[str, View]) -> None
     for k in [k for k in agg if k.startswith("axis_row.")]:
         agg["row_axis." + k.partition(".")[2]] = agg.pop(k)
     v.missing.clear()
-    next(r for r in RULES if r.id == "rope_planes_split").effect(v)
+    next(r for r in RULES if r.id == "rope_planes_split.original").effect(v)
     assert ("position_removal", "axis_row.retention_probe_fixed_col") in v.missing
 
 

@@ -16,6 +16,7 @@ from poslens.cli import main
 from poslens.errors import ConfigError
 from poslens.study import StudyConfig, preset, run_study
 from poslens.study.aggregate import aggregate, mean_se
+from poslens.study.rules import RULES
 
 TINY_STUDY = StudyConfig(
     preset="quick",
@@ -75,10 +76,14 @@ def test_layout_and_schema(study: tuple[Path, dict[str, Any]]) -> None:
     assert "axis_map" in res["models"]["rope_axial"]["runs"][0]["experiments"]
     for fig in res["figures"]:
         assert (out / fig["png"]).is_file() and (out / fig["svg"]).is_file()
-    assert {c["id"] for c in res["claims"]} == {
+    assert [c["id"] for c in res["claims"]] == [r.id for r in RULES]  # both levels, in order
+    assert {c["claim"] for c in res["claims"]} == {
         "ape_explicit_features", "rope_planes_split", "rope_rebuilds", "heads_rebuild",
         "position_matters",
     }  # fmt: skip
+    for c in res["claims"]:  # every verdict names the scale it describes
+        assert all(sc == {"dim": 16, "depth": 2, "heads": 2, "grid": 4}
+                   for sc in c["scale"].values()), c["scale"]  # fmt: skip
     assert (out / "report.html").is_file() and (out / "report.md").is_file()
 
 

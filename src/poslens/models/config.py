@@ -191,6 +191,12 @@ class ModelConfig:
     def family(self) -> str:
         return posenc_family(self.posenc)
 
+    @property
+    def scale(self) -> dict[str, int]:
+        """What a verdict on this model describes: width, depth, heads and grid side."""
+        return {"dim": self.dim, "depth": self.depth, "heads": self.heads,
+                "grid": self.image_size // self.patch_size}  # fmt: skip
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields; fields added after the first release only when not at their
         default, so that configs (and the study's checkpoint hashes) written before they existed

@@ -1,18 +1,23 @@
-"""The original study's claims, each decided by a calibrated rule (study/rules.py).
+"""The original study's claims, each stated at two levels (the original's observation, then the
+sharper test) and each level decided by a calibrated rule (study/rules.py).
 
-Per claim: the primary effect per seed on each study model, measured or missing with its reason
+Per level: the primary effect per seed on each study model, measured or missing with its reason
 (never a stand-in 0), the one-sided t-test of "the effect exceeds the rule's threshold" over the
-measured seeds with its one-sided 95% bounds, and the same rule on the calibration models
-(mechanism present / absent by design). Study models and controls are one Holm family, judged
-at the same level. The verdict, in order:
+measured seeds with its one-sided 95% bounds, and the same rule on its controls (mechanism present
+/ absent by design). A level's study models and controls are one Holm family, judged at the same
+level. The verdict, in order:
 
+- descriptive: a level that measures without claiming (its effect and interval only);
 - inconclusive: a model with fewer than MIN_SEEDS measured seeds (which seeds, and why), a test
   with no spread, or a rule whose controls were not all measured;
 - instrument failed calibration: a measured control did not come out as designed;
 - supported: every study model's effect exceeds the threshold (Holm-corrected);
-- not supported: a study model's one-sided upper bound lies below the smallest effect the rule
-  is known to detect (the smaller of the threshold and the positive controls' lower bounds);
+- not supported (not observed in these models): a study model's one-sided upper bound lies below
+  the smallest effect the rule is known to detect (the smaller of the threshold and the positive
+  controls' lower bounds);
 - otherwise inconclusive (no power), with the numbers.
+
+Every verdict names the models it describes (encoding, width, depth, heads, grid).
 """
 
 from __future__ import annotations
@@ -24,8 +29,9 @@ from typing import Any
 from poslens.metrics.stats import SeedTest, holm, seed_test
 from poslens.study.config import StudyConfig
 from poslens.study.reference import reference_check
-from poslens.study.rules import RULES, Effect, Rule, View
+from poslens.study.rules import LEVELS, RULES, Control, Effect, Rule, View
 from poslens.study.verdicts import (
+    DESCRIPTIVE,
     FAILED_CALIBRATION,
     INCONCLUSIVE,
     NOT_SUPPORTED,
@@ -50,11 +56,12 @@ class Judged:
     """One rule on one model: the per-seed effect, its test and (once the family is known) the
     Holm-corrected p-value."""
 
-    model: str
+    model: str  # the model, or a control's label ("rope_axial, random head")
     role: str  # "study", "positive" or "negative"
     effect: Effect
     test: SeedTest
     p_holm: float = math.nan
+    design: str = ""  # a control's design, in a phrase
 
     @property
     def seeds(self) -> int:
@@ -115,30 +122,30 @@ def _study_views(rule: Rule, views: dict[str, View], pretrained: bool) -> list[V
     return [views[m] for m in rule.study if m in views and views[m].seeds(rule.experiment)]
 
 
-def _judge(rule: Rule, v: View, role: str) -> Judged:
-    eff = rule.effect(v)
-    return Judged(v.model, role, eff, seed_test(eff.values, rule.threshold, ALPHA))
+def _judge(rule: Rule, v: View, role: str, control: Control | None = None) -> Judged:
+    measure = control.effect if control is not None and control.effect else rule.effect
+    eff = measure(v)
+    name = control.name if control is not None else v.model
+    return Judged(name, role, eff, seed_test(eff.values, rule.threshold, ALPHA),
+                  design=control.design if control is not None else "")  # fmt: skip
 
 
 def evaluate_claims(models: Models, cfg: StudyConfig | None = None) -> list[dict[str, Any]]:
-    """Every claim with its primary test per study model, calibration, verdict and the words."""
+    """Every claim level with its primary test per study model, calibration, verdict and the
+    words, in rule order (each claim's original level first)."""
     pretrained = bool(cfg is not None and cfg.pretrained)
     views = {m: View(m, e) for m, e in models.items()}
-    judged: list[tuple[Rule, list[Judged], list[Judged]]] = []
+    out = []
     for rule in RULES:
         study = [_judge(rule, v, "study") for v in _study_views(rule, views, pretrained)]
-        controls = [
-            _judge(rule, views[name], role)
-            for role, names in (("positive", rule.positive), ("negative", rule.negative))
-            for name in names
-            if name in views
-        ]
-        judged.append((rule, study, controls))
-    # one family: every test that could be made, study models and controls alike
-    family = [j for _, study, controls in judged for j in (*study, *controls)]
-    for j, p in zip(family, holm([j.test.p for j in family]), strict=True):
-        j.p_holm = p
-    return [_claim(rule, study, controls, pretrained) for rule, study, controls in judged]
+        controls = [_judge(rule, views[c.model], c.role, c) for c in rule.controls
+                    if c.model in views]  # fmt: skip
+        # one family per level: its study models and its controls, judged at the same level
+        family = [*study, *controls]
+        for j, p in zip(family, holm([j.test.p for j in family]), strict=True):
+            j.p_holm = p
+        out.append(_claim(rule, study, controls, pretrained, views))
+    return out
 
 
 def _calibration(rule: Rule, controls: list[Judged]) -> dict[str, Any]:
@@ -148,7 +155,8 @@ def _calibration(rule: Rule, controls: list[Judged]) -> dict[str, Any]:
     for j in controls:
         measured = j.problem is None
         rows.append({
-            "model": j.model, "role": j.role, "test": j.to_dict(), "detected": j.detected,
+            "model": j.model, "role": j.role, "design": j.design, "test": j.to_dict(),
+            "detected": j.detected,
             "enough_seeds": j.test.n >= MIN_SEEDS, "measured": measured,
             "degenerate": j.degenerate, "not_measured": j.problem, "seeds_above_threshold":
                 sum(x > rule.threshold for x in j.test.values),
@@ -177,10 +185,10 @@ def _calibration(rule: Rule, controls: list[Judged]) -> dict[str, Any]:
 def _cal_line(j: Judged) -> str:
     if j.problem is not None:
         kind = "degenerate, shows nothing about specificity" if j.degenerate else "does not count"
-        return f"{j.role} control {j.model}: {fmt_test(j)}: {kind} ({j.problem})"
+        return f"{j.role} control {j.model} ({j.design}): {fmt_test(j)}: {kind} ({j.problem})"
     outcome = "detected" if j.detected else "not detected"
     design = "as designed" if j.detected == (j.role == "positive") else "NOT as designed"
-    return f"{j.role} control {j.model}: {fmt_test(j)}: {outcome} ({design})"
+    return f"{j.role} control {j.model} ({j.design}): {fmt_test(j)}: {outcome} ({design})"
 
 
 def detectable(rule: Rule, controls: list[Judged]) -> float:
@@ -190,17 +198,48 @@ def detectable(rule: Rule, controls: list[Judged]) -> float:
     return min([rule.threshold, *lows])
 
 
+def scale_text(v: View) -> str:
+    """'rope_axial (rope_axial, width 32, depth 4, 4 heads, 6x6 grid)': what a verdict describes."""
+    sc = v.scale
+    if not sc:
+        return f"{v.model} ({v.posenc})"
+    return (f"{v.model} ({v.posenc}, width {sc['dim']}, depth {sc['depth']}, {sc['heads']} heads, "
+            f"{sc['grid']}x{sc['grid']} grid)")  # fmt: skip
+
+
+def fmt_values(values: list[float]) -> str:
+    """'0.41 [0.30, 0.52] over 5 seeds' (two-sided 95% t-interval), or 'not measured'."""
+    t = seed_test(values, 0.0, ALPHA)
+    if t.n == 0:
+        return "not measured"
+    if math.isnan(t.ci_low):
+        return f"{t.mean:.3g} over {t.n} seed{'s' * (t.n > 1)}"
+    return f"{t.mean:.3g} [{t.ci_low:.3g}, {t.ci_high:.3g}] over {t.n} seeds"
+
+
+def _notes(rule: Rule, views: list[View]) -> list[str]:
+    """The rule's secondary numbers per study model, each with its interval over seeds."""
+    return [f"{v.model}: {what}: {fmt_values(vals)}" for v in views for what, vals in rule.notes(v)]
+
+
 def _claim(
-    rule: Rule, study: list[Judged], controls: list[Judged], pretrained: bool
+    rule: Rule,
+    study: list[Judged],
+    controls: list[Judged],
+    pretrained: bool,
+    views: dict[str, View],
 ) -> dict[str, Any]:
     cal = _calibration(rule, controls)
     measured = {j.model: {"measured": j.test.n, "seeds": j.seeds,
                           "missing": j.effect.reasons() or None, "gate": j.effect.gate}
                 for j in study}  # fmt: skip
     evidence = [
-        f"{j.model}: {rule.effect_name}: {fmt_test(j)} (threshold {rule.threshold:g})"
+        f"{j.model}: {rule.effect_name}: {fmt_test(j)}"
+        + ("" if rule.descriptive else f" (threshold {rule.threshold:g})")
         for j in study
     ]
+    described = [views[j.model] for j in study]
+    scale = "; ".join(scale_text(v) for v in described) or "no model"
     caveats = [rule.by_construction] + ([PRETRAINED_CAVEAT] if pretrained else [])
     if cal["sensitivity_only"]:
         names = [c["model"] for c in cal["controls"] if c["role"] == "negative"]
@@ -213,6 +252,10 @@ def _claim(
     qualifier = None
     if not study:
         verdict, summary = INCONCLUSIVE, f"No study model ran {rule.experiment} in this study."
+    elif rule.descriptive:
+        verdict = DESCRIPTIVE
+        summary = "Descriptive (no verdict): " + "; ".join(
+            f"{j.model} {fmt_values(list(j.effect.values))}" for j in study) + "."  # fmt: skip
     elif problems:
         verdict, summary = INCONCLUSIVE, "Not enough measured: " + "; ".join(problems) + "."
     elif not cal["complete"]:
@@ -239,13 +282,14 @@ def _claim(
         if not undetected:
             verdict = SUPPORTED
             summary = (f"The effect exceeds {rule.threshold:g} in every study model ({which}), "
-                       "Holm-corrected across the claims and their controls.")  # fmt: skip
+                       "Holm-corrected over this level's models and controls.")  # fmt: skip
         elif all(j.test.upper < floor for j in undetected):
             verdict = NOT_SUPPORTED
             summary = (
-                f"Not observed in {', '.join(j.model for j in undetected)} ({which}): the one-"
-                f"sided 95% upper bound ({', '.join(f'{j.test.upper:.2f}' for j in undetected)}) "
-                f"lies below {floor:.2f}, the smallest effect the rule is known to detect here."
+                f"Not observed in these models ({', '.join(j.model for j in undetected)}: "
+                f"{which}): the one-sided 95% upper bound "
+                f"({', '.join(f'{j.test.upper:.2f}' for j in undetected)}) lies below "
+                f"{floor:.2f}, the smallest effect the rule is known to detect here."
             )
         else:
             verdict, qualifier = INCONCLUSIVE, NO_POWER
@@ -263,13 +307,20 @@ def _claim(
                 + (f" (it does for {bounds(narrow)})" if narrow else "")
                 + "."
             )
+    summary += f" Describes {scale}."
     return {
         "id": rule.id,
+        "claim": rule.claim,
+        "level": rule.level,
+        "level_name": LEVELS[rule.level],
         "title": rule.title,
+        "statement": rule.statement,
         "verdict": verdict,
         "qualifier": qualifier,
         "summary": summary,
+        "scale": {v.model: v.scale for v in described},
         "evidence": evidence,
+        "notes": _notes(rule, described),
         "controls": [_cal_line(j) for j in controls],
         "caveats": caveats,
         "models": [j.model for j in study],
@@ -286,5 +337,5 @@ def _claim(
     }
 
 
-__all__ = ["ALPHA", "FAILED_CALIBRATION", "INCONCLUSIVE", "MIN_SEEDS", "NOT_SUPPORTED", "NO_POWER",
+__all__ = ["ALPHA", "DESCRIPTIVE", "FAILED_CALIBRATION", "INCONCLUSIVE", "MIN_SEEDS", "NOT_SUPPORTED", "NO_POWER",
            "SUPPORTED", "VERDICTS", "detectable", "evaluate_claims"]  # fmt: skip

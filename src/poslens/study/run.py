@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import platform
 import time
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -72,10 +73,14 @@ def _run(plan: Plan, executor: Executor, progress: bool) -> dict[str, Any]:
     runs = {m: [by_run[m, s][0] for s in range(cfg.seeds)] for m in cfg.model_keys}
     # a trained model's encoding (a calibration model's is the one it is built on)
     posenc = {r.model: r.run_config.model.posenc for r in plan.runs if r.run_config is not None}
+    # what a verdict describes (the image size is the task's, as training takes it)
+    scale = {r.model: replace(r.run_config.model, image_size=r.run_config.data.image_size).scale
+             for r in plan.runs if r.run_config is not None}  # fmt: skip
     timings = [t for r in plan.runs for t in by_run[r.model, r.seed][1]]
     models = {
         m: {
             "posenc": runs[m][0]["pretrained"]["posenc"] if cfg.pretrained else posenc[m],
+            "scale": runs[m][0]["pretrained"].get("scale") if cfg.pretrained else scale[m],
             "runs": runs[m],
             "aggregate": aggregate(runs[m], cfg.experiments),
         }
@@ -90,8 +95,8 @@ def _run(plan: Plan, executor: Executor, progress: bool) -> dict[str, Any]:
         "config": cfg.to_dict() | {"device": device},
         "environment": environment(plan.threads or torch.get_num_threads(), plan.jobs, executor),
         "models": models,
-        "claims": evaluate_claims(models, cfg),
-        "figures": study_figures(out, models, cfg),
+        "claims": (claims := evaluate_claims(models, cfg)),
+        "figures": study_figures(out, models, cfg, claims),
         "timings": {
             "total_seconds": round(time.perf_counter() - start, 1),
             "runs_seconds": round(runs_seconds, 1),  # training and experiments, all runs

@@ -1,10 +1,23 @@
 """The verdict names, defined once: the claims write them, the report reads them, and a test
-checks them against study/schema.json."""
+checks them against study/schema.json. Also the name under which the claims-at-a-glance figure
+is listed (its `experiment`), which the report shows first, in the Claims section."""
 
 from __future__ import annotations
 
 SUPPORTED, NOT_SUPPORTED, INCONCLUSIVE = "supported", "not supported", "inconclusive"
 FAILED_CALIBRATION = "instrument failed calibration"
-VERDICTS = (SUPPORTED, NOT_SUPPORTED, INCONCLUSIVE, FAILED_CALIBRATION)
+# a descriptive level reports its effect with an interval and makes no claim
+DESCRIPTIVE = "descriptive"
+VERDICTS = (SUPPORTED, NOT_SUPPORTED, INCONCLUSIVE, FAILED_CALIBRATION, DESCRIPTIVE)
 
-__all__ = ["FAILED_CALIBRATION", "INCONCLUSIVE", "NOT_SUPPORTED", "SUPPORTED", "VERDICTS"]
+CLAIMS_FIGURE = "claims"
+
+__all__ = [
+    "CLAIMS_FIGURE",
+    "DESCRIPTIVE",
+    "FAILED_CALIBRATION",
+    "INCONCLUSIVE",
+    "NOT_SUPPORTED",
+    "SUPPORTED",
+    "VERDICTS",
+]

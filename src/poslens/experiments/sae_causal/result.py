@@ -34,10 +34,14 @@ AXES = ("row", "col")  # the probe targets read per axis, as in metrics.probes.T
 # on firing rate and mass for each.
 ROWCOL_ZEROED, ROW_ZEROED, COL_ZEROED = "rowcol+error", "row+error", "col+error"
 MATCHED_ROWCOL, MATCHED_ROW, MATCHED_COL = "matched_rowcol", "matched_row", "matched_col"
+# The SAE's reconstruction alone, and the resampling controls: a latent's value from the same
+# position of another image (should leave position) or another position of the same image.
+RECONSTRUCTION = "reconstruction"
+RESAMPLE_SAME_POSITION, RESAMPLE_OTHER_POSITION = "resample_other_image", "resample_other_position"
 
 # The readouts summarised per condition group (see SiteResult.summary).
 GROUPS = (
-    "reconstruction",
+    RECONSTRUCTION,
     "zero_all",
     "zero_all+error",
     "uniform_all",
@@ -51,8 +55,8 @@ GROUPS = (
     "cell+error",
     "matched_cell",
     "mean_all",
-    "resample_other_image",
-    "resample_other_position",
+    RESAMPLE_SAME_POSITION,
+    RESAMPLE_OTHER_POSITION,
 )
 
 
