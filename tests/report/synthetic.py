@@ -63,6 +63,13 @@ def make_study(out_dir: Path) -> dict[str, Any]:
             "model": "rope_axial",
         },
         {
+            "title": "Claims at a glance",
+            "png": "figures/claims.png",
+            "svg": "figures/claims.svg",
+            "experiment": "claims",
+            "model": None,
+        },
+        {
             "title": "Removal curve",
             "png": MISSING_PNG,
             "svg": "figures/gone.svg",
@@ -219,6 +226,7 @@ def make_valid_study(out_dir: Path) -> dict[str, Any]:
     res["environment"]["cpu"] = {"model": "Test CPU", "extensions": ["avx2"]}
     test = {"n": 5, "mean": 0.4, "ci": [0.3, 0.5], "p": 0.01, "values": [0.3, 0.35, 0.4, 0.45, 0.5]}
     for c in res["claims"]:
+        c["claim"], c["level"] = c["id"], "original"
         c["primary"] = {
             "effect": "an effect",
             "threshold": 0.25,

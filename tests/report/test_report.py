@@ -12,7 +12,7 @@ import pytest
 
 from poslens.report import render_html, render_markdown, write_report
 from poslens.report.__main__ import main as report_main
-from poslens.report.common import fmt_duration, fmt_num, order_keys, verdict_label
+from poslens.report.common import claim_rows, fmt_duration, fmt_num, order_keys, verdict_label
 from tests.report.synthetic import MISSING_PNG, make_study, make_valid_study
 
 
@@ -173,6 +173,27 @@ def test_sections_come_in_order_with_every_verdict(study: tuple[Path, dict[str, 
         assert page.badges.count((f"verdict v-{slug[cl['verdict']]}", verdict_label(cl))) == 2
 
 
+def test_claims_open_with_the_claims_figure_and_two_levels(
+    study: tuple[Path, dict[str, Any]],
+) -> None:
+    """The claims-at-a-glance figure is the first thing in the Claims section (before the
+    table), never an experiment section of its own; a claim's title heads its first level only."""
+    out, results = study
+    html = render_html(results, out)
+    claims = section(html, "claims")
+    assert claims.index("<img") < claims.index('<table class="claims"')
+    assert "Claims at a glance" in claims and 'id="exp-claims"' not in html
+    md = render_markdown(results, out)
+    assert md.index("](figures/claims.png)") < md.index("| Claim | Level |")
+    two = [dict(results["claims"][0], claim="x", level="original",
+                level_name="the original's observation"),
+           dict(results["claims"][0], claim="x", id="x.sharper", level="sharper",
+                level_name="the sharper test", statement="what the model uses")]  # fmt: skip
+    rows = claim_rows({"claims": two})
+    assert rows[0][1][0] == two[0]["title"] and rows[1][1][0] == ""
+    assert rows[1][1][1] == "the sharper test: what the model uses"
+
+
 def test_headline_tables_show_mean_se_and_seeds(study: tuple[Path, dict[str, Any]]) -> None:
     out, results = study
     html = render_html(results, out)
@@ -221,13 +242,16 @@ def test_markdown_has_claims_table_and_image_links(study: tuple[Path, dict[str, 
     out, results = study
     md = render_markdown(results, out)
     lines = md.splitlines()
-    head = lines.index("| Claim | Verdict | Summary | Measured seeds per model |")
-    assert lines[head + 1] == "|---|---|---|---|"
+    head = lines.index(
+        "| Claim | Level | Verdict | The original | Summary | Measured seeds per model |"
+    )
+    assert lines[head + 1] == "|---|---|---|---|---|---|"
     for i, cl in enumerate(results["claims"]):
         row = lines[head + 2 + i]
         label = cl["verdict"] + (f" ({cl['qualifier']})" if cl.get("qualifier") else "")
-        assert row.startswith(f"| {cl['title']} | **{label}** |")
-        assert row.count(" | ") == 3, "an unescaped pipe would add a column"
+        assert row.startswith(f"| {cl['title']} | ")
+        assert f" | **{label}** | " in row
+        assert row.count(" | ") == 5, "an unescaped pipe would add a column"
     assert "**inconclusive (no power)**" in md and "| rope_axial 2 of 3 |" in md
     for fig in results["figures"]:
         if fig["png"] != MISSING_PNG:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from poslens.study.verdicts import VERDICTS
+from poslens.study.verdicts import CLAIMS_FIGURE, VERDICTS
 
 NONE = "—"  # shown for null / absent values
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -104,12 +104,13 @@ def experiments(results: Mapping[str, Any]) -> list[str]:
             for name in run.get("skipped") or {}:
                 add(name)
     for fig in results.get("figures") or []:
-        add(fig.get("experiment"))
+        if fig.get("experiment") != CLAIMS_FIGURE:  # shown in the Claims section
+            add(fig.get("experiment"))
     return names
 
 
 def verdict_counts(results: Mapping[str, Any]) -> dict[str, int]:
-    """How many claims got each verdict (the three known ones always present)."""
+    """How many claim levels got each verdict (the known ones always present)."""
     counts = dict.fromkeys(VERDICTS, 0)
     for c in results.get("claims") or []:
         v = str(c.get("verdict"))
@@ -137,6 +138,44 @@ def measured_cell(cl: Mapping[str, Any]) -> str:
     )
 
 
+def claim_heading(cl: Mapping[str, Any]) -> str:
+    """'APE: position lives in ...: the original's observation' (the title alone without levels)."""
+    title = str(cl.get("title", cl.get("id", "")))
+    return f"{title}: {cl['level_name']}" if cl.get("level_name") else title
+
+
+def reference_cell(cl: Mapping[str, Any]) -> str:
+    """The original's verdict on this level and the rule's on the original's published numbers."""
+    ref = cl.get("reference") or {}
+    if not ref:
+        return NONE
+    orig = str(ref.get("original_verdict", NONE))
+    got = ref.get("rule_verdict")
+    if got is None or got == "not comparable" or not ref.get("comparable", True):
+        return orig
+    effect = ref.get("effect")
+    value = f" at {fmt_num(float(effect))}" if effect is not None else ""
+    return f"{orig}; the rule on its numbers: {got}{value}"
+
+
+CLAIMS_HEAD = ["Claim", "Level", "Verdict", "The original", "Summary", "Measured seeds per model"]
+
+
+def claim_rows(results: Mapping[str, Any]) -> list[tuple[Mapping[str, Any], list[str]]]:
+    """(claim level, cells) for the claims table; the claim's title on its first level only."""
+    rows, seen = [], set()
+    for cl in results.get("claims") or []:
+        group = cl.get("claim", cl.get("id"))
+        title = "" if group in seen else str(cl.get("title", cl.get("id", "")))
+        seen.add(group)
+        level = str(cl.get("level_name") or NONE)
+        if cl.get("statement"):
+            level += f": {cl['statement']}"
+        rows.append((cl, [title, level, verdict_label(cl), reference_cell(cl),
+                          str(cl.get("summary", "")), measured_cell(cl)]))  # fmt: skip
+    return rows
+
+
 def claim_sections(cl: Mapping[str, Any]) -> list[tuple[str, list[str]]]:
     """A claim's detail as (heading, lines): the primary test per study model, the calibration
     on controls, the caveats, what would change the verdict and the reference check."""
@@ -161,7 +200,9 @@ def claim_sections(cl: Mapping[str, Any]) -> list[tuple[str, list[str]]]:
             + ("passed" if cal.get("passed") else "not passed")
         )
     return [
+        ("What this level tests", [cl["statement"]] if cl.get("statement") else []),
         ("Primary test", list(cl.get("evidence") or [])),
+        ("Secondary numbers", list(cl.get("notes") or [])),
         ("Calibration", [*(cl.get("controls") or []), *tally]),
         ("Caveats", list(cl.get("caveats") or [])),
         ("What would change the verdict", [cl["would_change"]] if cl.get("would_change") else []),
@@ -183,7 +224,7 @@ def calibration_rows(results: Mapping[str, Any]) -> list[list[str]]:
             if ctrl.get("measured") is False:
                 detected = "not measured"
             rows.append([
-                str(cl.get("title", cl.get("id", ""))), str(ctrl.get("model")),
+                claim_heading(cl), str(ctrl.get("model")),
                 str(ctrl.get("role")), f"{fmt_value(t.get('mean'))} (>= {fmt_value(bound)})",
                 seeds, fmt_value(ctrl.get("seeds_above_threshold")), detected,
                 "yes" if ctrl.get("as_designed") else "NO",
@@ -221,7 +262,8 @@ def summary(results: Mapping[str, Any]) -> str:
     claims = results.get("claims") or []
     if claims:
         tally = ", ".join(f"{n} {v}" for v, n in verdict_counts(results).items())
-        parts.append(f"Of its {len(claims)} claims: {tally}.")
+        groups = len({cl.get("claim", cl.get("id")) for cl in claims})
+        parts.append(f"Of its {groups} claims, at {len(claims)} levels: {tally}.")
     meta = [
         f"poslens {results['poslens_version']}" if results.get("poslens_version") else "",
         f"created {results['created']}" if results.get("created") else "",

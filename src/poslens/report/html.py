@@ -14,6 +14,7 @@ from typing import Any
 from urllib.parse import quote
 
 from poslens.report import common as c
+from poslens.study.verdicts import CLAIMS_FIGURE
 
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
 
@@ -96,30 +97,33 @@ def _list(title: str, items: Any) -> str:
     return f"<h4>{esc(title)}</h4><ul>{body}</ul>"
 
 
-def _claims(results: Mapping[str, Any]) -> str:
-    """The Claims section: a table of verdicts, then each claim's evidence, controls, caveats."""
+def _claims(results: Mapping[str, Any], out_dir: Path) -> str:
+    """The Claims section: the claims at a glance, a table of verdicts (two levels per claim),
+    then each level's evidence, secondary numbers, controls and caveats."""
     claims = results.get("claims") or []
     out = ['<section id="claims"><h2>Claims</h2>']
     if not claims:
         out.append("<p>No claims were evaluated in this study.</p></section>")
         return "".join(out)
-    out.append(
-        '<table class="claims"><thead><tr><th>Claim</th><th>Verdict</th><th>Summary</th>'
-        "<th>Measured seeds per model</th></tr></thead><tbody>"
-    )
-    for i, cl in enumerate(claims):
+    glance = c.figures(results, CLAIMS_FIGURE)
+    if glance:
+        out.append('<div class="figures">' + "".join(figure(out_dir, f) for f in glance) + "</div>")
+    out.append('<table class="claims"><thead><tr>'
+               + "".join(f"<th>{esc(h)}</th>" for h in c.CLAIMS_HEAD) + "</tr></thead><tbody>")  # fmt: skip
+    for i, (cl, cells) in enumerate(c.claim_rows(results)):
         anchor = f"claim-{c.slug(cl.get('id', i))}"
+        title, level, _, ref, summary, measured = cells
         out.append(
-            f'<tr><td><a href="#{esc(anchor)}">{esc(cl.get("title", cl.get("id", "")))}</a></td>'
-            f"<td>{badge(cl.get('verdict'), c.verdict_label(cl))}</td>"
-            f"<td>{esc(cl.get('summary', ''))}</td><td>{esc(c.measured_cell(cl))}</td></tr>"
+            f'<tr><td>{esc(title)}</td><td><a href="#{esc(anchor)}">{esc(level)}</a></td>'
+            f"<td>{badge(cl.get('verdict'), c.verdict_label(cl))}</td><td>{esc(ref)}</td>"
+            f"<td>{esc(summary)}</td><td>{esc(measured)}</td></tr>"
         )
     out.append("</tbody></table>")
     for i, cl in enumerate(claims):
         anchor = f"claim-{c.slug(cl.get('id', i))}"
         out.append(
             f'<article class="claim" id="{esc(anchor)}">'
-            f"<h3>{esc(cl.get('title', cl.get('id', '')))} "
+            f"<h3>{esc(c.claim_heading(cl))} "
             f"{badge(cl.get('verdict'), c.verdict_label(cl))}</h3>"
             f"<p>{esc(cl.get('summary', ''))}</p>"
             + "".join(_list(title, lines) for title, lines in c.claim_sections(cl))
@@ -260,7 +264,7 @@ def render_html(results: Mapping[str, Any], out_dir: Path) -> str:
         "<nav><ul>"
         + "".join(f'<li><a href="#{esc(a)}">{esc(t)}</a></li>' for a, t in nav)
         + "</ul></nav></header>",
-        _claims(results),
+        _claims(results, out_dir),
         _calibration(results),
         _setup(results),
         *(_experiment(results, out_dir, e) for e in exps),

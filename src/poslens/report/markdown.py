@@ -12,6 +12,7 @@ from typing import Any
 from urllib.parse import quote
 
 from poslens.report import common as c
+from poslens.study.verdicts import CLAIMS_FIGURE
 
 
 def md(text: Any) -> str:
@@ -38,24 +39,18 @@ def _bullets(title: str, items: Any) -> list[str]:
     return [f"**{title}**", "", *(f"- {md(i)}" for i in items or [c.NONE]), ""]
 
 
-def _claims(results: Mapping[str, Any]) -> list[str]:
+def _claims(results: Mapping[str, Any], out_dir: Path | None) -> list[str]:
     """The Claims table, then each claim's evidence, controls and caveats."""
     claims = results.get("claims") or []
     out = ["## Claims", ""]
     if not claims:
         return [*out, "No claims were evaluated in this study.", ""]
-    rows = [
-        [
-            cl.get("title", cl.get("id", "")),
-            f"**{c.verdict_label(cl)}**",
-            cl.get("summary", ""),
-            c.measured_cell(cl),
-        ]
-        for cl in claims
-    ]
-    out += table(["Claim", "Verdict", "Summary", "Measured seeds per model"], rows)
+    for f in c.figures(results, CLAIMS_FIGURE):
+        out += [figure(f, out_dir), ""]
+    rows = [[*cells[:2], f"**{cells[2]}**", *cells[3:]] for _, cells in c.claim_rows(results)]
+    out += table(c.CLAIMS_HEAD, rows)
     for cl in claims:
-        out += [f"### {md(cl.get('title', cl.get('id', '')))}: {md(c.verdict_label(cl))}", ""]
+        out += [f"### {md(c.claim_heading(cl))}: {md(c.verdict_label(cl))}", ""]
         out += [md(cl.get("summary", "")), ""]
         for title, lines in c.claim_sections(cl):
             out += _bullets(title, lines)
@@ -128,7 +123,7 @@ def _experiment(results: Mapping[str, Any], exp: str, out_dir: Path | None) -> l
 def render_markdown(results: Mapping[str, Any], out_dir: Path | None = None) -> str:
     """The report as Markdown; with out_dir, unreadable figures get the 'figure missing' note."""
     out = ["# poslens study report", "", md(c.summary(results)), ""]
-    out += _claims(results)
+    out += _claims(results, out_dir)
     out += _setup(results)
     for exp in c.experiments(results):
         out += _experiment(results, exp, out_dir)

@@ -11,8 +11,10 @@ from matplotlib.figure import Figure
 
 from poslens.experiments import position_removal as removal_exp
 from poslens.experiments import windows as windows_exp
+from poslens.experiments.sae_causal import result as sae_exp
 from poslens.io import atomic_write
 from poslens.study.config import StudyConfig
+from poslens.study.verdicts import CLAIMS_FIGURE
 
 Agg = dict[str, dict[str, Any]]  # headline key -> {"mean", "se", "n", "values"}
 
@@ -84,29 +86,88 @@ def windows(models: dict[str, Agg]) -> Figure | None:
     return fig
 
 
-def sae_causal(models: dict[str, Agg]) -> Figure | None:
-    rows = []  # (label, positional, matched)
+SAE_GROUPS = (  # (edited group, its matched random control, label): what the claims read
+    (sae_exp.ROWCOL_ZEROED, sae_exp.MATCHED_ROWCOL, "row + column latents"),
+    ("zero_all+error", "matched_all", "all positional latents"),
+)
+
+
+def sae_causal(models: dict[str, Agg], site: str = "early") -> Figure | None:
+    """Per model, the exact probe's drop toward chance at the SAE's site when its row + column
+    (or all positional) latents are zeroed (+error), beside as many matched random latents."""
+    rows = []  # (label, edited, matched)
     for m, agg in models.items():
-        for k in agg:
-            if k.endswith(".zero_all+error.probe_drop_site"):
-                site = k[: -len(".zero_all+error.probe_drop_site")]
-                rows.append((f"{m}\n{site}", _get(agg, k, 100),
-                             _get(agg, f"{site}.matched_all.probe_drop_site", 100)))  # fmt: skip
+        for group, matched, what in SAE_GROUPS:
+            k = sae_exp.key(site, group, sae_exp.FIXED_DROP_SITE)
+            if k in agg:
+                control = sae_exp.key(site, matched, sae_exp.FIXED_DROP_SITE)
+                rows.append((f"{m}\n{what}", _get(agg, k, 100), _get(agg, control, 100)))
     if not rows:
         return None
-    fig = Figure(figsize=(max(5, 2.2 * len(rows)), 3.8), layout="constrained")
+    fig = Figure(figsize=(max(5, 1.6 * len(rows)), 3.8), layout="constrained")
     ax = fig.subplots()
     x = np.arange(len(rows))
     ax.bar(x - 0.2, [r[1][0] for r in rows], 0.4, yerr=[r[1][1] for r in rows], capsize=2,
-           label="positional latents zeroed (+error)")  # fmt: skip
+           label="latents zeroed (+error)")  # fmt: skip
     ax.bar(x + 0.2, [r[2][0] for r in rows], 0.4, yerr=[r[2][1] for r in rows], capsize=2,
-           label="matched random latents")  # fmt: skip
+           label="as many matched random latents")  # fmt: skip
     ax.set_xticks(x)
     ax.set_xticklabels([r[0] for r in rows], fontsize=7)
-    ax.set(ylabel="% of the way to chance", title="Exact probe at the SAE site after zeroing")
+    ax.set(ylabel="% of the way to chance",
+           title=f"Exact probe (fitted on intact activations) at the SAE site ({site})")  # fmt: skip
     ax.axhline(100, color="grey", ls=":", lw=1)
     ax.grid(alpha=0.3, axis="y")
     ax.legend(fontsize=8)
+    return fig
+
+
+ROLE_STYLE = {"study": ("black", "o"), "positive": ("tab:green", "s"), "negative": ("tab:red", "D")}
+
+
+def claims_at_a_glance(claims: list[dict[str, Any]]) -> Figure | None:
+    """One panel per claim level: each study model's and control's effect (mean over seeds) with
+    its one-sided 95% bounds (the interval the test uses), the rule's threshold (dashed) and the
+    original's value on the same measure where it has one (star)."""
+    claims = [c for c in claims if c["primary"]["models"] or c["calibration"]["controls"]]
+    if not claims:
+        return None
+    rows_of = []
+    for c in claims:
+        rows = [(m, "study", t) for m, t in c["primary"]["models"].items()]
+        rows += [(k["model"], k["role"], k["test"]) for k in c["calibration"]["controls"]]
+        rows_of.append(rows)
+    heights = [max(1, len(r)) * 0.32 + 0.7 for r in rows_of]
+    fig = Figure(figsize=(7.5, sum(heights)), layout="constrained")
+    axes = fig.subplots(len(claims), 1, squeeze=False, height_ratios=heights)[:, 0]
+    for ax, c, rows in zip(axes, claims, rows_of, strict=True):
+        y = np.arange(len(rows))[::-1]
+        for yi, (_, role, t) in zip(y, rows, strict=True):
+            color, marker = ROLE_STYLE[role]
+            mean = t.get("mean")
+            if mean is None or not np.isfinite(mean):
+                ax.text(0.01, yi, "not measured", transform=ax.get_yaxis_transform(),
+                        va="center", fontsize=7, color=color)  # fmt: skip
+                continue
+            lo, hi = t.get("lower"), t.get("upper")
+            if lo is not None and hi is not None and np.isfinite(lo) and np.isfinite(hi):
+                ax.plot([lo, hi], [yi, yi], color=color, lw=2, alpha=0.7)
+            ax.plot([mean], [yi], marker=marker, color=color, ms=5)
+        if c["verdict"] != "descriptive":
+            ax.axvline(c["primary"]["threshold"], color="grey", ls="--", lw=1)
+        ref = c.get("reference") or {}
+        if ref.get("comparable") and ref.get("effect") is not None:
+            ax.axvline(ref["effect"], color="tab:orange", ls=":", lw=1.5)
+            ax.plot([ref["effect"]], [y.max() + 0.6], marker="*", color="tab:orange", ms=9,
+                    clip_on=False)  # fmt: skip
+        ax.set_yticks(y, [f"{n} ({r})" if r != "study" else n for n, r, _ in rows], fontsize=7)
+        ax.set_ylim(-0.7, len(rows) - 0.1)
+        verdict = c["verdict"] + (f" ({c['qualifier']})" if c.get("qualifier") else "")
+        ax.set_title(f"{c['title']}: {c.get('level_name', c['id'])}: {verdict}", fontsize=8,
+                     loc="left")  # fmt: skip
+        ax.tick_params(axis="x", labelsize=7)
+        ax.grid(alpha=0.3, axis="x")
+    axes[-1].set_xlabel("effect (each panel in its own units): mean over seeds and one-sided 95% "
+                        "bounds; dashed: threshold; star: the original", fontsize=7)  # fmt: skip
     return fig
 
 
@@ -127,9 +188,19 @@ def _save(fig: Figure, path: Path) -> None:
                      lambda p, fmt=fmt: fig.savefig(p, format=fmt, dpi=120))  # fmt: skip
 
 
-def study_figures(out: Path, models: dict[str, Any], cfg: StudyConfig) -> list[dict[str, Any]]:
-    """Write the study-level figures and list them with every run's own figure (seed 0 first)."""
+def study_figures(
+    out: Path, models: dict[str, Any], cfg: StudyConfig, claims: list[dict[str, Any]] | None = None
+) -> list[dict[str, Any]]:
+    """Write the study-level figures, the claims at a glance first, and list them with every
+    run's own figure (seed 0 first)."""
     entries: list[dict[str, Any]] = []
+    glance = claims_at_a_glance(claims or [])
+    if glance is not None:
+        _save(glance, out / "figures" / f"{CLAIMS_FIGURE}.png")
+        entries.append({"title": "Claims at a glance: every level's effect per study model and "
+                        "control, with the threshold and the original's value",
+                        "png": f"figures/{CLAIMS_FIGURE}.png", "svg": f"figures/{CLAIMS_FIGURE}.svg",
+                        "experiment": CLAIMS_FIGURE, "model": None})  # fmt: skip
     for name in cfg.experiments:
         aggs = {m: e["aggregate"][name] for m, e in models.items() if name in e["aggregate"]}
         if name in FIGURES and aggs:
@@ -152,4 +223,4 @@ def study_figures(out: Path, models: dict[str, Any], cfg: StudyConfig) -> list[d
     return entries
 
 
-__all__ = ["FIGURES", "study_figures"]
+__all__ = ["FIGURES", "claims_at_a_glance", "study_figures"]
