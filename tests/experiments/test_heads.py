@@ -25,9 +25,11 @@ from poslens.experiments.heads.result import (
     HELD_OUT,
     HELD_OUT_STATS,
     N_IMAGES,
+    N_UNITS,
     NULL_EXCESS,
     TOP_MINUS_NULL,
     TOP_MINUS_NULL_ACCURACY,
+    TOP_RANK,
     UNIT,
     held_out,
     held_out_key,
@@ -441,7 +443,7 @@ def test_planted_rebuilder_beats_the_held_out_null() -> None:
     assert rows["b1h0"].drop_intact.mean == pytest.approx(0, abs=1e-6)  # redundant when intact
     assert rows["b1h0"].drop_window.mean > 0.5  # the last shift after the window
     ho = res.verdict()["rebuilding/block_head"][HELD_OUT]
-    assert ho[UNIT] == "b1h0" and ho[N_IMAGES] == 60
+    assert ho[UNIT] == "b1h0" and ho[N_IMAGES] == 60 and ho[N_UNITS] == 4 and ho[TOP_RANK] == 1
     for name in (EXCESS, TOP_MINUS_NULL, EXCESS_ACCURACY, TOP_MINUS_NULL_ACCURACY):
         assert ho[name] > 5 * ho[se_key(name)] > 0, name
     # the null is the mean over the 4 units: the rebuilder's excess and three near-zero ones
