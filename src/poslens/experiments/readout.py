@@ -482,7 +482,7 @@ def tensor_digest(tensors: Iterable[tuple[str, torch.Tensor]]) -> str:
     h = hashlib.blake2b(digest_size=16)
     for name, t in tensors:
         h.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
-        h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+        h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
     return h.hexdigest()
 
 
