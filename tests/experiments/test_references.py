@@ -1,6 +1,7 @@
 """The shared reference: a study run measures the intact reference once for all its experiments
 and every experiment's files are byte-identical to separate runs; the cache misses on a changed
-weight or setting, hits across the settings no reference reads, and hands out copies."""
+weight or setting, hits across the settings no reference reads, and hands out copies;
+depth_profile's split readout equals the one readout it replaced."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import torch
 
 import poslens
 from poslens.data import DataConfig, build_task
-from poslens.experiments import readout
+from poslens.experiments import depth_profile, readout
 from poslens.experiments.analyze import analyze
 from poslens.experiments.config import ExperimentConfig
 from poslens.experiments.readout import ReferenceCache, baseline, eval_images, reference
@@ -23,7 +24,7 @@ from poslens.study.plan import make_plan
 from poslens.study.stages import run_one
 from tests.conftest import tiny
 
-SHARING = ("position_removal", "windows", "heads", "sae_causal")
+SHARING = ("depth_profile", "position_removal", "windows", "heads", "sae_causal")
 STUDY = StudyConfig(
     preset="quick",
     models=("rope_axial",),
@@ -68,7 +69,7 @@ def test_a_study_run_measures_the_reference_once_and_changes_no_number(
     (run,) = make_plan(STUDY, tmp_path / "study").runs
     calls = count_measures(monkeypatch)
     entry, _ = run_one(run, tmp_path / "study", "cpu", 1)
-    assert len(calls) == 2  # the baseline and the floor, for all four experiments
+    assert len(calls) == 2  # the baseline and the floor, for all five experiments
     assert sorted(entry["experiments"]) == sorted(SHARING)
 
     # each experiment alone (one analyze call each, as the study ran them before the cache)
@@ -82,7 +83,7 @@ def test_a_study_run_measures_the_reference_once_and_changes_no_number(
         assert alone["headline"] == entry["experiments"][st.kind]["headline"]
         for f in alone["files"]:  # the JSON and CSVs
             assert f.read_bytes() == (run_dir / f.name).read_bytes(), f.name
-    assert len(calls) == 3 * 2 + 1  # three references and sae_causal's baseline, measured again
+    assert len(calls) == 3 * 2 + 2  # three references, two baselines: each measured again
 
 
 DATA = DataConfig(image_size=16, object_scale=0.32, n_val=16, n_test=40)
@@ -116,3 +117,18 @@ def test_the_cache_keys_on_what_the_reference_reads(monkeypatch: pytest.MonkeyPa
         model.head.bias[0] += 1e-3  # other weights
     reference(model, x, y, CFG, cache=cache)
     assert len(calls) == 8
+
+
+def test_depth_profile_reads_the_baseline_and_clean_ssdc_as_one_readout_did() -> None:
+    """depth_profile takes the (shareable) baseline and reads clean SSDC in a pass of its own:
+    every number equals the single probed readout with clean SSDC it measured before."""
+    model = tiny("rope_axial", num_classes=16)
+    task = build_task(DATA)
+    x, y = eval_images(task, CFG)
+    one = readout.measure(model, x, y, CFG, probe_sites=range(3), clean_ssdc=True)
+    res = depth_profile.run(model, task, CFG, references={})
+    assert one.probes is not None
+    for field in ("ssdc_clean", "ssdc_clean_norm", "ssdc_rpi", "ssdc_rpi_norm"):
+        np.testing.assert_array_equal(getattr(res, field), getattr(one, field))
+    np.testing.assert_array_equal(res.probes.test_acc, one.probes.test_acc)
+    assert (res.accuracy, res.margin) == (one.accuracy, float(one.margin.mean()))
