@@ -14,6 +14,7 @@ import torch
 from poslens import experiments
 from poslens.data import Task
 from poslens.experiments.config import ExperimentConfig
+from poslens.experiments.readout import ReferenceCache
 from poslens.io import jsonable, removed_on_error
 from poslens.models.vit import ViT
 
@@ -29,16 +30,21 @@ def analyze(
     formats: Iterable[str] = ("png",),
     progress: bool = False,
     on_done: Callable[[str, Record], None] | None = None,
+    references: ReferenceCache | None = None,
 ) -> dict[str, Record]:
     """Run each named experiment that applies to `model` with its config and save its files.
 
     Returns per experiment a record: {"skipped": reason}, or {"seconds", "files" (paths written),
     "config", "headline"}. Each experiment starts from torch's seed `config.seed`, so a run is
     reproducible whatever ran before it. `on_done(name, record)` is called as each finishes.
+    The experiments that share the intact reference (Experiment.shares_reference) measure it
+    once: in `references` when given (the study's experiment stages of one run share one),
+    else in a cache of this call. The reuse is exact (tests/experiments/test_references.py).
     """
     from poslens.experiments.output import save
 
     formats = tuple(formats)
+    references = {} if references is None else references
     records: dict[str, Record] = {}
     for name, cfg in zip(names, configs, strict=True):
         module = experiments.get(name)
@@ -48,7 +54,8 @@ def analyze(
         else:
             start = time.perf_counter()
             torch.manual_seed(cfg.seed)
-            result = module.run(model, data, cfg, progress=progress)
+            shared = {"references": references} if module.shares_reference else {}
+            result = module.run(model, data, cfg, progress=progress, **shared)
             # a failed write (a full disk) leaves none of this experiment's files behind
             with removed_on_error(out, (f"{name}.*", f"{name}_*.csv")):
                 files = save(result, out, module.plot, formats=formats, config=cfg)

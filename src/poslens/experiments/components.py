@@ -29,6 +29,7 @@ from poslens.experiments.config import ExperimentConfig
 from poslens.experiments.output import Experiment, Header, Headline, top_level_numbers
 from poslens.experiments.readout import (
     ConditionResult,
+    ReferenceCache,
     eval_images,
     mean_activations,
     measure,
@@ -224,7 +225,13 @@ def run_patching(model: ViT, images: torch.Tensor, labels: torch.Tensor, cfg: Co
     return Patching(clean_v, rpi_v, rows)
 
 
-def run(model: ViT, data: Task, cfg: Config | None = None, progress: bool = False) -> Components:
+def run(
+    model: ViT,
+    data: Task,
+    cfg: Config | None = None,
+    progress: bool = False,
+    references: ReferenceCache | None = None,
+) -> Components:
     """Every ablation (and the patching sweep) of this model against its baseline and floor."""
     cfg = cfg or Config()
     x, y = eval_images(data, cfg)
@@ -239,7 +246,7 @@ def run(model: ViT, data: Task, cfg: Config | None = None, progress: bool = Fals
     ref, results, patching = None, [], None
     for step in track(steps, "components", progress):
         if step == "reference":
-            ref = reference(model, x, y, cfg)
+            ref = reference(model, x, y, cfg, cache=references)
         elif step == "patching":
             patching = run_patching(model, x, y, cfg)
         else:
@@ -334,4 +341,6 @@ def headline(d: dict[str, Any]) -> Headline:
     return top_level_numbers(d)
 
 
-EXPERIMENT = Experiment("components", Config, run, applies, headline, plot, cost=40)
+EXPERIMENT = Experiment(
+    "components", Config, run, applies, headline, plot, cost=40, shares_reference=True
+)

@@ -19,6 +19,8 @@ from poslens.distributed import in_order, shard
 from poslens.experiments.config import ExperimentConfig
 from poslens.experiments.output import Experiment, Header, Headline, probe_numbers, probe_rows
 from poslens.experiments.readout import (
+    ReferenceCache,
+    baseline,
     choose_probe_site,
     eval_images,
     measure,
@@ -110,27 +112,36 @@ def _effective_ranks(model: ViT, images: torch.Tensor, cfg: ExperimentConfig) ->
 
 
 def run(
-    model: ViT, data: Task, cfg: ExperimentConfig | None = None, progress: bool = False
+    model: ViT,
+    data: Task,
+    cfg: ExperimentConfig | None = None,
+    progress: bool = False,
+    references: ReferenceCache | None = None,
 ) -> DepthProfile:
-    """SSDC, probes and effective rank at every site of `model`, with a random-init control."""
+    """SSDC, probes and effective rank at every site of `model`, with a random-init control. The
+    probed readout is the reference's baseline (shared through `references`); clean SSDC is read
+    in a pass of its own without probes (the same batches, so the same numbers)."""
     cfg = cfg or Config()
     x, y = eval_images(data, cfg)
     sites = list(range(model.cfg.depth + 1))
     control_model = build_model(model.cfg, seed=cfg.seed + 1).to(model.head.weight.device).eval()
     readouts = {}
     for which in track(["trained", "random init"], "depth_profile", progress):
-        m = model if which == "trained" else control_model
-        readouts[which] = measure(m, x, y, cfg, probe_sites=sites, clean_ssdc=which == "trained")
+        if which == "trained":
+            readouts[which] = baseline(model, x, y, cfg, sites, cache=references)
+            clean = measure(model, x, y, cfg, clean_ssdc=True)
+        else:
+            readouts[which] = measure(control_model, x, y, cfg, probe_sites=sites)
     base, ctrl = readouts["trained"], readouts["random init"]
     assert base.probes is not None and ctrl.probes is not None
-    assert base.ssdc_clean is not None and base.ssdc_clean_norm is not None
+    assert clean.ssdc_clean is not None and clean.ssdc_clean_norm is not None
     return DepthProfile(
         posenc=model.cfg.posenc,
         sites=site_labels(model),
         accuracy=base.accuracy,
         margin=float(base.margin.mean()),
-        ssdc_clean=base.ssdc_clean,
-        ssdc_clean_norm=base.ssdc_clean_norm,
+        ssdc_clean=clean.ssdc_clean,
+        ssdc_clean_norm=clean.ssdc_clean_norm,
         ssdc_rpi=base.ssdc_rpi,
         ssdc_rpi_norm=base.ssdc_rpi_norm,
         probes=base.probes,
@@ -181,4 +192,6 @@ def headline(d: dict[str, Any]) -> Headline:
     return out
 
 
-EXPERIMENT = Experiment("depth_profile", Config, run, applies, headline, plot)
+EXPERIMENT = Experiment(
+    "depth_profile", Config, run, applies, headline, plot, shares_reference=True
+)

@@ -67,7 +67,9 @@ HeadlineFn = Callable[[dict[str, Any]], Headline]
 class Experiment:
     """One experiment as the registry (experiments/registry.py) lists it: its config class, and
     the module functions every experiment defines. `cost`: the relative cost of one evaluated
-    image (what the study's progress ETA weighs stages by)."""
+    image (what the study's progress ETA weighs stages by). `shares_reference`: run() takes
+    `references` (a readout.ReferenceCache), so analyze measures its reference (or baseline) once
+    per model."""
 
     name: str
     Config: type[ExperimentConfig]
@@ -76,6 +78,7 @@ class Experiment:
     headline: HeadlineFn
     plot: Callable[[Any], Figure]  # Result -> Figure
     cost: float = 4.0
+    shares_reference: bool = False
 
 
 def headline_key(condition: str, number: str) -> str:

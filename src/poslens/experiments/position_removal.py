@@ -37,6 +37,7 @@ from poslens.experiments.output import (
 )
 from poslens.experiments.readout import (
     ConditionResult,
+    ReferenceCache,
     eval_images,
     measure,
     reference,
@@ -274,7 +275,11 @@ def random_summary(conds: list[ConditionResult]) -> dict[str, dict[str, float]]:
 
 
 def run(
-    model: ViT, data: Task, cfg: Config | None = None, progress: bool = False
+    model: ViT,
+    data: Task,
+    cfg: Config | None = None,
+    progress: bool = False,
+    references: ReferenceCache | None = None,
 ) -> PositionRemoval:
     """Every removal condition that applies to `model`, against its baseline and floor."""
     cfg = cfg or Config()
@@ -285,7 +290,7 @@ def run(
     ref = None
     for step in track(steps, "position_removal", progress):
         if step == "reference":
-            ref = reference(model, x, y, cfg)
+            ref = reference(model, x, y, cfg, cache=references)
             continue
         assert ref is not None
         name, cond, meta = next(c for c in conds if c[0] == step)
@@ -383,4 +388,6 @@ def headline(d: dict[str, Any]) -> Headline:
     return out
 
 
-EXPERIMENT = Experiment("position_removal", Config, run, applies, headline, plot)
+EXPERIMENT = Experiment(
+    "position_removal", Config, run, applies, headline, plot, shares_reference=True
+)

@@ -29,6 +29,7 @@ from poslens.experiments.output import Experiment, Header, Headline, probe_rows,
 from poslens.experiments.readout import (
     ConditionResult,
     Readout,
+    ReferenceCache,
     compare,
     eval_images,
     measure,
@@ -142,7 +143,11 @@ class PrefixAttention(Header):
 
 
 def run(
-    model: ViT, data: Task, cfg: ExperimentConfig | None = None, progress: bool = False
+    model: ViT,
+    data: Task,
+    cfg: ExperimentConfig | None = None,
+    progress: bool = False,
+    references: ReferenceCache | None = None,
 ) -> PrefixAttention:
     """Patch-to-prefix attention blocked in every block, against the intact model and the floor."""
     reason = applies(model)
@@ -160,7 +165,7 @@ def run(
     ref = None
     for step in track(["reference", "attention", *conds], "prefix_attention", progress):
         if step == "reference":
-            ref = reference(model, x, y, cfg)
+            ref = reference(model, x, y, cfg, cache=references)
         elif step == "attention":
             mass = prefix_mass(model, x, cfg.batch_size, cfg.precision)
         else:
@@ -233,4 +238,6 @@ def headline(d: dict[str, Any]) -> Headline:
     return top_level_numbers(d)
 
 
-EXPERIMENT = Experiment("prefix_attention", Config, run, applies, headline, plot)
+EXPERIMENT = Experiment(
+    "prefix_attention", Config, run, applies, headline, plot, shares_reference=True
+)

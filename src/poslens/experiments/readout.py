@@ -3,7 +3,8 @@
 `measure` runs the images through the model under a condition and returns a Readout: per-image
 correctness and correct-class margin, SSDC per site (clean and under RPI, raw and normalised
 residual), and position probes at chosen sites. `reference` measures the intact baseline and the
-all-position-removed floor; `summarise` states a condition against both.
+all-position-removed floor (once per model, images and settings where given a ReferenceCache);
+`summarise` states a condition against both.
 
 Sites: "block b" is the residual entering block b (b = 0 is the embedded input) and the last
 site, labelled "out", is the residual after the final block. The raw residual is
@@ -13,11 +14,13 @@ site, labelled "out", is the residual after the final block. The raw residual is
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import hashlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -463,23 +466,106 @@ class Reference:
         return self.base.fixed_probes()
 
 
+ReferenceCache = dict[tuple[Any, ...], Readout | Reference]
+"""Baselines and References already measured, by what they depend on (reference_key): several
+experiments of one model measure the same reference (the study's largest shared cost, ~3-5 s each
+at the default size), so the experiments of one run (study.stages.run_one, one `analyze` call)
+pass one cache down to `reference` and `baseline`."""
+
+# ExperimentConfig fields that no reference reads (the random controls' draws); every other field
+# of the shared config is part of the key, so a field added later is keyed until listed here.
+NOT_IN_REFERENCE = frozenset({"draws"})
+
+
+def tensor_digest(tensors: Iterable[tuple[str, torch.Tensor]]) -> str:
+    """A hash of named tensors' names, dtypes, shapes and exact bytes."""
+    h = hashlib.blake2b(digest_size=16)
+    for name, t in tensors:
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
+        h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
+    return h.hexdigest()
+
+
+def reference_key(
+    model: ViT,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    cfg: ExperimentConfig,
+    sites: Sequence[int],
+) -> tuple[Any, ...]:
+    """Everything a baseline or Reference depends on: the model (config, weights and buffers,
+    device, mode), the images and labels (their bytes: a model loaded afresh per experiment reads
+    a fresh copy of the same images), the probed sites, and the shared config fields the readouts
+    read (the RPI permutation and probe split follow cfg.seed; no other RNG is drawn from)."""
+    weights = [*model.named_parameters(), *model.named_buffers()]
+    return (
+        repr(model.cfg),
+        tensor_digest(weights),
+        str(model.head.weight.device),
+        model.training,
+        tensor_digest([("images", images), ("labels", labels)]),
+        tuple(sites),
+        tuple(
+            (f.name, getattr(cfg, f.name))
+            for f in dataclasses.fields(ExperimentConfig)
+            if f.name not in NOT_IN_REFERENCE
+        ),
+    )
+
+
+T = TypeVar("T", Readout, Reference)
+
+
+def _cached(cache: ReferenceCache | None, key: tuple[Any, ...], compute: Callable[[], T]) -> T:
+    """compute(), measured once per key of `cache` (without one: every time). The cache keeps its
+    own object and hands out deep copies, so no consumer can change what the next one reads."""
+    if cache is None:
+        return compute()
+    if key not in cache:
+        cache[key] = compute()
+    return copy.deepcopy(cache[key])  # type: ignore[return-value]
+
+
+def baseline(
+    model: ViT,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    cfg: ExperimentConfig,
+    sites: Sequence[int],
+    cache: ReferenceCache | None = None,
+) -> Readout:
+    """The intact model probed at `sites` (reference()'s baseline when they are its sites),
+    reused from `cache` where measured before with the same reference_key."""
+    key = () if cache is None else ("baseline", reference_key(model, images, labels, cfg, sites))
+    return _cached(cache, key, lambda: measure(model, images, labels, cfg, probe_sites=sites))
+
+
 def reference(
     model: ViT,
     images: torch.Tensor,
     labels: torch.Tensor,
     cfg: ExperimentConfig,
     extra_sites: Sequence[int] = (),
+    cache: ReferenceCache | None = None,
 ) -> Reference:
     """Measure the baseline and the floor; pick the probe site unless cfg.probe_block fixes it.
 
     extra_sites: further sites where the baseline is probed too (e.g. downstream of an edit).
+    cache: the Reference (or its baseline) measured before with the same reference_key is reused.
     """
     fixed = cfg.probe_block >= 0
     sites = [check_site(model, cfg.probe_block)] if fixed else range(model.cfg.depth + 1)
     sites = sorted({*sites, *extra_sites})
-    base = measure(model, images, labels, cfg, probe_sites=sites)
-    site = cfg.probe_block if fixed else choose_probe_site(base)
-    floor = measure(
-        model, images, labels, cfg, floor_condition(model), [site], fixed=base.fixed_probes()
-    )
-    return Reference(base, floor, site)
+    key = () if cache is None else reference_key(model, images, labels, cfg, sites)
+
+    def measured() -> Reference:
+        base = _cached(
+            cache, ("baseline", key), lambda: measure(model, images, labels, cfg, probe_sites=sites)
+        )
+        site = cfg.probe_block if fixed else choose_probe_site(base)
+        floor = measure(
+            model, images, labels, cfg, floor_condition(model), [site], fixed=base.fixed_probes()
+        )
+        return Reference(base, floor, site)
+
+    return _cached(cache, ("reference", key), measured)

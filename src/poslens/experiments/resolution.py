@@ -31,6 +31,7 @@ from poslens.experiments.readout import (
     ConditionResult,
     Readout,
     Reference,
+    ReferenceCache,
     eval_images,
     measure,
     reference,
@@ -210,7 +211,13 @@ def _size_result(
     )
 
 
-def run(model: ViT, data: Task, cfg: Config | None = None, progress: bool = False) -> Resolution:
+def run(
+    model: ViT,
+    data: Task,
+    cfg: Config | None = None,
+    progress: bool = False,
+    references: ReferenceCache | None = None,
+) -> Resolution:
     """Every position_removal condition at the trained grid and at a `cfg.scale` larger grid."""
     cfg = cfg or Config()
     trained_size = model.cfg.image_size
@@ -232,7 +239,7 @@ def run(model: ViT, data: Task, cfg: Config | None = None, progress: bool = Fals
             images[size] = x, y = eval_images(tasks[size], cfg)
             if size == "larger":  # the probe site of the trained grid, at the larger grid too
                 size_cfg[size] = dataclasses.replace(cfg, probe_block=refs["trained"].probe_site)
-            refs[size] = reference(model, x, y, size_cfg[size])
+            refs[size] = reference(model, x, y, size_cfg[size], cache=references)
             continue
         x, y = images[size]
         _, cond, _ = next(c for c in conds if c[0] == step)
@@ -312,4 +319,4 @@ def headline(d: dict[str, Any]) -> Headline:
     return top_level_numbers(d)
 
 
-EXPERIMENT = Experiment("resolution", Config, run, applies, headline, plot)
+EXPERIMENT = Experiment("resolution", Config, run, applies, headline, plot, shares_reference=True)

@@ -32,6 +32,7 @@ from poslens.experiments.output import (
 from poslens.experiments.readout import (
     ConditionResult,
     Readout,
+    ReferenceCache,
     eval_images,
     measure,
     reference,
@@ -271,7 +272,13 @@ def _curves(r: Readout) -> dict[str, Any]:
     return out
 
 
-def run(model: ViT, data: Task, cfg: Config | None = None, progress: bool = False) -> Windows:
+def run(
+    model: ViT,
+    data: Task,
+    cfg: Config | None = None,
+    progress: bool = False,
+    references: ReferenceCache | None = None,
+) -> Windows:
     """Every window of this RoPE model, against its baseline and floor."""
     cfg = cfg or Config()
     x, y = eval_images(data, cfg)
@@ -282,7 +289,7 @@ def run(model: ViT, data: Task, cfg: Config | None = None, progress: bool = Fals
     margins: dict[str, np.ndarray] = {}  # per-image margins, for the compensation test
     for item in track([None, *conds], "windows", progress):
         if item is None:
-            ref = reference(model, x, y, cfg)
+            ref = reference(model, x, y, cfg, cache=references)
             margins |= {INTACT: ref.base.margin, FLOOR: ref.floor.margin}
             continue
         assert ref is not None
@@ -423,4 +430,6 @@ def _compensation_numbers(name: str, c: dict[str, Any]) -> Headline:
     }
 
 
-EXPERIMENT = Experiment("windows", Config, run, applies, headline, plot, cost=12)
+EXPERIMENT = Experiment(
+    "windows", Config, run, applies, headline, plot, cost=12, shares_reference=True
+)

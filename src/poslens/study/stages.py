@@ -19,7 +19,7 @@ from poslens.data import Task
 from poslens.errors import CheckpointError
 from poslens.experiments.analyze import analyze
 from poslens.experiments.config import ExperimentConfig
-from poslens.experiments.readout import eval_images
+from poslens.experiments.readout import ReferenceCache, eval_images
 from poslens.io import jsonable, read_json, write_json
 from poslens.models.vit import ViT
 from poslens.study.config import config_hash
@@ -171,13 +171,24 @@ def load_stage(source: Source, ecfg: ExperimentConfig, device: str) -> dict[str,
 
 
 def experiment_stage(
-    stage: Stage, source: Source, run_dir: Path, out: Path, device: str
+    stage: Stage,
+    source: Source,
+    run_dir: Path,
+    out: Path,
+    device: str,
+    references: ReferenceCache | None = None,
 ) -> dict[str, Any]:
-    """Run one experiment on a run's model and save its files (the marker is the caller's)."""
+    """Run one experiment on a run's model and save its files (the marker is the caller's).
+
+    references: the run's intact references, measured by its first experiment that needs one and
+    reused, exactly, by the later ones (readout.ReferenceCache; keyed by weights, images, config).
+    """
     assert stage.config is not None
     model, data = source.load(device)
     name = stage.kind
-    record = analyze(model, data, [name], [stage.config], run_dir, formats=("png", "svg"))[name]
+    record = analyze(
+        model, data, [name], [stage.config], run_dir, formats=("png", "svg"), references=references
+    )[name]
     if "skipped" in record:
         return {"experiment": name, "skipped": record["skipped"]}
     files = [str(f.relative_to(out)) for f in record["files"]]
@@ -198,6 +209,7 @@ def run_one(
     entry: dict[str, Any] = {}
     posenc = run.model
     timings: list[dict[str, Any]] = []
+    references: ReferenceCache = {}  # shared by this run's experiment stages
     for st in run.stages:
         if events is not None:
             events.put(StageEvent("start", st))
@@ -247,7 +259,7 @@ def run_one(
                 if skip:
                     record = {"skipped": f"not run on {run.model} in this study (study.only)"}
                 else:
-                    record = experiment_stage(st, source, run_dir, out, device)
+                    record = experiment_stage(st, source, run_dir, out, device, references)
                 record["config_hash"] = key
                 write_json(marker, jsonable(record))
             if "skipped" in record:

@@ -53,6 +53,8 @@ from poslens.experiments.heads.plots import plot
 from poslens.experiments.heads.result import Heads, headline
 from poslens.experiments.output import Experiment
 
-EXPERIMENT = Experiment("heads", Config, run, applies, headline, plot, cost=20)
+EXPERIMENT = Experiment(
+    "heads", Config, run, applies, headline, plot, cost=20, shares_reference=True
+)
 
 __all__ = ["EXPERIMENT", "Config", "Heads", "applies", "headline", "plot", "run"]

@@ -23,6 +23,7 @@ from poslens.experiments.readout import (
     FixedProbes,
     Readout,
     Reference,
+    ReferenceCache,
     eval_images,
     measure,
     reference,
@@ -346,7 +347,13 @@ def progress_steps(total: int, enabled: bool) -> Iterator[Advance]:
         yield lambda: bar.advance(task)
 
 
-def run(model: ViT, data: Task, cfg: Config | None = None, progress: bool = False) -> Heads:
+def run(
+    model: ViT,
+    data: Task,
+    cfg: Config | None = None,
+    progress: bool = False,
+    references: ReferenceCache | None = None,
+) -> Heads:
     """Carrying, cumulative top-k, rebuilding (rotary models) and attention statistics of every
     head of `model`, against its intact baseline and floor."""
     cfg = cfg or Config()
@@ -359,7 +366,7 @@ def run(model: ViT, data: Task, cfg: Config | None = None, progress: bool = Fals
     masks = rebuilding_masks(model, plan, rebuild_units)
 
     with progress_steps(2 + len(carry_units) + len(draws) + len(masks), progress) as advance:
-        ref = reference(model, x, y, cfg, extra_sites=[depth])
+        ref = reference(model, x, y, cfg, extra_sites=[depth], cache=references)
         # Probes are fitted jointly over the sites of one readout, so accuracy at a site moves
         # slightly with the other sites fitted beside it: carrying compares like with like.
         at_site = measure(model, x, y, cfg, probe_sites=[ref.probe_site], fixed=ref.fixed)

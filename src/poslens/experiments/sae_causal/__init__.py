@@ -60,7 +60,9 @@ from poslens.experiments.sae_causal.result import (
     latents_key,
 )
 
-EXPERIMENT = Experiment("sae_causal", Config, run, applies, headline, plot, cost=30)
+EXPERIMENT = Experiment(
+    "sae_causal", Config, run, applies, headline, plot, cost=30, shares_reference=True
+)
 
 __all__ = [
     "COL_ZEROED",

@@ -13,6 +13,8 @@ from poslens.experiments.conditions import Condition, floor_condition
 from poslens.experiments.readout import (
     PROBE_KINDS,
     Readout,
+    ReferenceCache,
+    baseline,
     choose_probe_site,
     eval_images,
     measure,
@@ -246,13 +248,15 @@ def run(
     cfg: Config | None = None,
     progress: bool = False,
     saes: dict[str, TopKSAE] | None = None,
+    references: ReferenceCache | None = None,
 ) -> SAECausal:
-    """The causal test at every site in cfg.sites (SAEs trained here unless given by site)."""
+    """The causal test at every site in cfg.sites (SAEs trained here unless given by site); the
+    intact baseline is the reference's (readout.baseline), reused from `references`."""
     cfg = cfg or Config()
     resolve_sites(model, cfg, probe_block=0)  # ConfigError for a bad hook name before any work
     x, y = eval_images(data, cfg)
     all_sites = list(range(model.cfg.depth + 1))
-    base = measure(model, x, y, cfg, probe_sites=all_sites)
+    base = baseline(model, x, y, cfg, all_sites, cache=references)
     probe_block = cfg.probe_block if cfg.probe_block >= 0 else choose_probe_site(base)
     sites = resolve_sites(model, cfg, probe_block)
     floor_sites = sorted({site_index(model, s) for s in sites} | {model.cfg.depth})

@@ -1,0 +1,134 @@
+"""The shared reference: a study run measures the intact reference once for all its experiments
+and every experiment's files are byte-identical to separate runs; the cache misses on a changed
+weight or setting, hits across the settings no reference reads, and hands out copies;
+depth_profile's split readout equals the one readout it replaced."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import poslens
+from poslens.data import DataConfig, build_task
+from poslens.experiments import depth_profile, readout
+from poslens.experiments.analyze import analyze
+from poslens.experiments.config import ExperimentConfig
+from poslens.experiments.readout import ReferenceCache, baseline, eval_images, reference
+from poslens.study import StudyConfig
+from poslens.study.plan import make_plan
+from poslens.study.stages import run_one
+from tests.conftest import tiny
+
+SHARING = ("depth_profile", "position_removal", "windows", "heads", "sae_causal")
+STUDY = StudyConfig(
+    preset="quick",
+    models=("rope_axial",),
+    seeds=1,
+    experiments=SHARING,
+    train_set=(
+        "model.dim=16", "model.depth=2", "model.heads=2", "train.steps=6", "train.batch_size=16",
+        "train.eval_every=3", "train.eval_images=20", "train.ckpt_every=3", "data.n_val=80",
+        "data.n_test=40", "data.image_size=16", "data.object_scale=0.32",
+    ),
+    # draws differ between experiments (no reference reads them): the reference is still shared
+    analysis_set=(
+        "windows.axis_windows=false", "windows.probe_curves=false", "position_removal.n_planes=1",
+        "position_removal.draws=2", "sae_causal.sites=blocks.0.hook_resid_pre",
+        "sae_causal.train_images=40", "sae_causal.epochs=1", "sae_causal.k=4",
+        "sae_causal.doses=2", "sae_causal.draws=1", "heads.units=head", "heads.cumulative=1",
+        "heads.axis_windows=false", "heads.rebuild_probes=false", "heads.draws=1",
+    ),
+    n_images=30,
+    probe_images=30,
+    batch_size=30,
+)  # fmt: skip
+
+
+def count_measures(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the readouts `reference` and `baseline` measure (they call readout.measure; the
+    experiments' own conditions go through their imported name and are not counted)."""
+    calls: list[int] = []
+    real = readout.measure
+
+    def counted(*args: Any, **kw: Any) -> readout.Readout:
+        calls.append(1)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(readout, "measure", counted)
+    return calls
+
+
+def test_a_study_run_measures_the_reference_once_and_changes_no_number(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (run,) = make_plan(STUDY, tmp_path / "study").runs
+    calls = count_measures(monkeypatch)
+    entry, _ = run_one(run, tmp_path / "study", "cpu", 1)
+    assert len(calls) == 2  # the baseline and the floor, for all five experiments
+    assert sorted(entry["experiments"]) == sorted(SHARING)
+
+    # each experiment alone (one analyze call each, as the study ran them before the cache)
+    assert run.checkpoint is not None
+    del calls[:]
+    run_dir = tmp_path / "study" / "runs" / "rope_axial" / "seed0"
+    for st in run.stages[1:]:
+        model, data = poslens.load(run.checkpoint), poslens.load_task(run.checkpoint)
+        records = analyze(model, data, [st.kind], [st.config], tmp_path / "alone", formats=())
+        alone = records[st.kind]
+        assert alone["headline"] == entry["experiments"][st.kind]["headline"]
+        for f in alone["files"]:  # the JSON and CSVs
+            assert f.read_bytes() == (run_dir / f.name).read_bytes(), f.name
+    assert len(calls) == 3 * 2 + 2  # three references, two baselines: each measured again
+
+
+DATA = DataConfig(image_size=16, object_scale=0.32, n_val=16, n_test=40)
+CFG = ExperimentConfig(n_images=40, probe_images=20, batch_size=40, draws=1)
+
+
+def test_the_cache_keys_on_what_the_reference_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = tiny("rope_axial", num_classes=16)
+    x, y = eval_images(build_task(DATA), CFG)
+    calls = count_measures(monkeypatch)
+    cache: ReferenceCache = {}
+    rng = torch.get_rng_state()
+    first = reference(model, x, y, CFG, cache=cache)
+    # no global RNG drawn: skipping a reference leaves every later draw of an experiment as it was
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert len(calls) == 2
+    first.base.margin[:] = 0.0  # a consumer's change does not reach the next one
+    again = reference(model, x.clone(), y.clone(), replace(CFG, draws=3), [2], cache=cache)
+    assert len(calls) == 2  # the same images, a field no reference reads, a site it probes anyway
+    assert not np.all(again.base.margin == 0.0)
+    np.testing.assert_array_equal(again.base.correct, first.base.correct)
+    base = baseline(model, x, y, CFG, list(range(model.cfg.depth + 1)), cache=cache)
+    assert len(calls) == 2
+    np.testing.assert_array_equal(base.margin, again.base.margin)
+
+    reference(model, x, y, replace(CFG, seed=1), cache=cache)  # another RPI permutation
+    assert len(calls) == 4
+    reference(model, x.flip(0), y.flip(0), CFG, cache=cache)  # other images (same set)
+    assert len(calls) == 6
+    with torch.no_grad():
+        model.head.bias[0] += 1e-3  # other weights
+    reference(model, x, y, CFG, cache=cache)
+    assert len(calls) == 8
+
+
+def test_depth_profile_reads_the_baseline_and_clean_ssdc_as_one_readout_did() -> None:
+    """depth_profile takes the (shareable) baseline and reads clean SSDC in a pass of its own:
+    every number equals the single probed readout with clean SSDC it measured before."""
+    model = tiny("rope_axial", num_classes=16)
+    task = build_task(DATA)
+    x, y = eval_images(task, CFG)
+    one = readout.measure(model, x, y, CFG, probe_sites=range(3), clean_ssdc=True)
+    res = depth_profile.run(model, task, CFG, references={})
+    assert one.probes is not None
+    for field in ("ssdc_clean", "ssdc_clean_norm", "ssdc_rpi", "ssdc_rpi_norm"):
+        np.testing.assert_array_equal(getattr(res, field), getattr(one, field))
+    np.testing.assert_array_equal(res.probes.test_acc, one.probes.test_acc)
+    assert (res.accuracy, res.margin) == (one.accuracy, float(one.margin.mean()))
