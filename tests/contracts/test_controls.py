@@ -20,11 +20,12 @@ def test_rope_rebuild_never_trains_on_the_window_its_rules_test() -> None:
     ks = [int(k) for k in cfg.analysis_sets["windows"]["prefix_ks"].split(",")]
     k = windows.rebuild_window(ks, depth)
     assert k is not None
-    tested = {tuple(range(k + 1)), tuple(range(k + 1, depth))}  # the prefix and its suffix
+    tested = tuple(range(k + 1))  # the early window withheld (its suffix is the reference)
     trained = {tuple(withheld_blocks(rc, step)) for step in range(STEPS)} - {()}
     assert trained, "rope_rebuild must be trained with rotations withheld somewhere"
-    assert not trained & tested, f"rope_rebuild trained on a tested window: {trained & tested}"
-    assert len(trained) >= 2  # random windows, not one fixed one
+    assert tested not in trained, f"rope_rebuild trained on the tested window {tested}"
+    early = [w for w in trained if w[0] == 0]
+    assert len(early) >= 2  # random early windows around the tested one, not one fixed one
 
 
 def test_every_model_a_rule_reads_is_trained_and_runs_its_experiments() -> None:

@@ -62,8 +62,8 @@ class TrainConfig:
     # model whose later blocks take over position when the early ones lose it (rope_rebuild).
     rotary_dropout: float = 0.0
     # Which windows rotary_dropout withholds: "halves" the first half (0..depth//2-1) or the
-    # second (depth//2..depth-1); "held_out" a random prefix 0..j or suffix j..depth-1 other
-    # than those two halves (held_out_windows), which are the windows the study tests on
+    # second (depth//2..depth-1); "held_out" a random prefix 0..j other than the first half (the
+    # window the rebuild claim tests) or a random suffix j..depth-1 (held_out_windows)
     # (rebuild_test_windows), so a model trained this way is tested on a window it never saw;
     # "late" the second half only (the later blocks do without their rotations, but never see
     # early rotations withheld).
@@ -111,18 +111,22 @@ class TrainConfig:
 
 
 def rebuild_test_windows(depth: int) -> tuple[range, range]:
-    """The blocks whose rotations the rebuild claim withholds: the prefix 0..depth//2-1 and the
-    suffix depth//2..depth-1. rotary_windows "held_out" never trains on either."""
+    """The windows the rebuild claim reads: rotations withheld in the prefix 0..depth//2-1 (the
+    condition tested) and in the suffix depth//2..depth-1 (what the later blocks add anyway, the
+    reference it is compared with). rotary_windows "held_out" never trains on the prefix."""
     return range(depth // 2), range(depth // 2, depth)
 
 
 def held_out_windows(depth: int) -> tuple[list[range], list[range]]:
     """The prefixes 0..j and the suffixes j..depth-1 that rotary_windows "held_out" withholds:
-    every window short of all the blocks, except the two rebuild_test_windows (depth 4: prefixes
-    0..0 and 0..2, suffixes 1..3 and 3..3). Either list is empty below depth 3."""
-    test_prefix, test_suffix = rebuild_test_windows(depth)
+    every prefix short of all the blocks except the tested one (rebuild_test_windows), and every
+    suffix short of all the blocks (depth 4: prefixes 0..0 and 0..2; suffixes 1..3, 2..3, 3..3).
+    Training on the suffixes makes either part of the model suffice, the redundancy the positive
+    control plants; the early window it is then tested on was never trained. No prefix is left
+    below depth 3."""
+    test_prefix, _ = rebuild_test_windows(depth)
     prefixes = [range(j + 1) for j in range(depth - 1) if range(j + 1) != test_prefix]
-    suffixes = [range(j, depth) for j in range(1, depth) if range(j, depth) != test_suffix]
+    suffixes = [range(j, depth) for j in range(1, depth)]
     return prefixes, suffixes
 
 
@@ -185,9 +189,9 @@ CALIBRATION: dict[str, dict[str, dict[str, Any]]] = {
     "rope_oblique": {"model": {"posenc": "rope_axial", "rope_variant": "oblique"}},
     # positive control for rebuilding: heads of one axis each, trained with rotations withheld in
     # a random early window (0..j) a third of the time and a random late one (j..end) a third of
-    # the time, never the two halves the study tests on (rebuild_test_windows): later
-    # (axis-specialised) heads learn to take over position when it is withheld early, and are
-    # tested on a window they were not trained on
+    # the time, never the early window the study tests (rebuild_test_windows): either part of the
+    # model suffices, so later (axis-specialised) heads take over position when it is withheld
+    # early, on a window they were not trained on
     "rope_rebuild": {
         "model": {"posenc": "rope_axial", "rope_variant": "head_split"},
         "train": {"rotary_dropout": 1 / 3, "rotary_windows": "held_out"},
