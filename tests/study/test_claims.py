@@ -458,3 +458,17 @@ def test_a_control_with_no_spread_does_not_count() -> None:
     c = claim(evaluate_claims(ms), "rope_rebuilds.sharper")
     assert c["calibration"]["sensitivity_only"] and c["verdict"] == SUPPORTED
     assert any("degenerate" in line for line in c["controls"])
+
+
+def test_a_failed_calibration_names_the_controls_that_failed_and_how() -> None:
+    """An undetected positive fails the rule; a degenerate negative beside it does not count, so
+    it is not named as a failure; the study model's effect is still given."""
+    ms = calibrated()
+    ms["ape_rowcol"] = entry("ape", sae_numbers(0.12, 0.1))  # planted code barely moves
+    none = {sae.latents_key("early", "row"): [0.0] * SEEDS,
+            sae.latents_key("early", "col"): [0.0] * SEEDS}  # fmt: skip
+    ms["ape_cell"] = entry("ape", {"sae_causal": none})
+    c = claim(evaluate_claims(ms), "ape_explicit_features.original")
+    assert c["verdict"] == FAILED_CALIBRATION
+    assert "ape_rowcol (positive control) not detected: 0.02" in c["summary"]
+    assert "ape_cell" not in c["summary"] and "ape 0.50" in c["summary"]

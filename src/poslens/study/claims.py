@@ -270,10 +270,19 @@ def _claim(
         )
     elif not cal["passed"]:
         verdict = FAILED_CALIBRATION
-        wrong = [c["model"] for c in cal["controls"] if not c["as_designed"]]
+        # the controls that counted and came out against their design (a degenerate negative
+        # control does not count, so it cannot fail)
+        wrong = [j for j in controls if (j.role == "positive" or j.problem is None)
+                 and j.detected != (j.role == "positive")]  # fmt: skip
+        how = "; ".join(
+            f"{j.model} ({j.role} control) {'not ' * (j.role == 'positive')}detected: "
+            f"{j.test.mean:.2f}, one-sided 95% bounds {j.test.lower:.2f} to {j.test.upper:.2f}"
+            for j in wrong
+        )
+        which = ", ".join(f"{j.model} {j.test.mean:.2f}" for j in study)
         summary = (
-            f"The rule did not behave as designed on {', '.join(wrong)}, so its answer on the "
-            "study models says nothing about them."
+            f"The rule did not behave as designed on its controls ({how}), so its answer on the "
+            f"study models ({which}) says nothing about them."
         )
     else:
         which = ", ".join(f"{j.model} {j.test.mean:.2f}" for j in study)
