@@ -19,34 +19,15 @@ from poslens.experiments import depth_profile, readout
 from poslens.experiments.analyze import analyze
 from poslens.experiments.config import ExperimentConfig
 from poslens.experiments.readout import ReferenceCache, baseline, eval_images, reference
-from poslens.study import StudyConfig
 from poslens.study.plan import make_plan
 from poslens.study.stages import run_one
 from tests.conftest import tiny
+from tests.study.test_study import TINY_STUDY
 
 SHARING = ("depth_profile", "position_removal", "windows", "heads", "sae_causal")
-STUDY = StudyConfig(
-    preset="quick",
-    models=("rope_axial",),
-    seeds=1,
-    experiments=SHARING,
-    train_set=(
-        "model.dim=16", "model.depth=2", "model.heads=2", "train.steps=6", "train.batch_size=16",
-        "train.eval_every=3", "train.eval_images=20", "train.ckpt_every=3", "data.n_val=80",
-        "data.n_test=40", "data.image_size=16", "data.object_scale=0.32",
-    ),
-    # draws differ between experiments (no reference reads them): the reference is still shared
-    analysis_set=(
-        "windows.axis_windows=false", "windows.probe_curves=false", "position_removal.n_planes=1",
-        "position_removal.draws=2", "sae_causal.sites=blocks.0.hook_resid_pre",
-        "sae_causal.train_images=40", "sae_causal.epochs=1", "sae_causal.k=4",
-        "sae_causal.doses=2", "sae_causal.draws=1", "heads.units=head", "heads.cumulative=1",
-        "heads.axis_windows=false", "heads.rebuild_probes=false", "heads.draws=1",
-    ),
-    n_images=30,
-    probe_images=30,
-    batch_size=30,
-)  # fmt: skip
+# the tiny study of the study tests, on one model and seed; draws differ between experiments (no
+# reference reads them): the reference is still shared
+STUDY = replace(TINY_STUDY, models=("rope_axial",), seeds=1, experiments=SHARING)
 
 
 def count_measures(monkeypatch: pytest.MonkeyPatch) -> list[int]:

@@ -472,6 +472,12 @@ REBUILD_POSITIVE = ("heads of one axis each, trained with rotations withheld in 
 LATE_NEGATIVE = ("later blocks rotate (a signal to measure) but were trained only with their own "
                  "rotations withheld, never an early window: nothing trained to compensate")  # fmt: skip
 
+# the rebuilding rules' model controls (the heads rules read the same models)
+REBUILD_CONTROLS = (
+    Control("rope_rebuild", "positive", REBUILD_POSITIVE),
+    Control("rope_late", "negative", LATE_NEGATIVE),
+)
+
 RULES = (
     Rule(
         "ape_explicit_features",
@@ -594,10 +600,7 @@ RULES = (
         "final RPI-SSDC retention after the withheld window (0 floor, 1 intact)",
         0.5,
         study=("rope_axial",),
-        controls=(
-            _ctl("rope_rebuild", "positive", REBUILD_POSITIVE),
-            _ctl("rope_late", "negative", LATE_NEGATIVE),
-        ),
+        controls=REBUILD_CONTROLS,
         would_change="Final RPI-SSDC retention after the window at most one half.",
         by_construction="RPI-SSDC can return whenever later blocks still rotate: the return "
         "alone is not compensation (the sharper test subtracts the later blocks' ordinary part).",
@@ -616,10 +619,7 @@ RULES = (
         "the intact model, as a share of intact-minus-floor margin",
         0.0,
         study=("rope_axial", "rope_mixed"),
-        controls=(
-            _ctl("rope_rebuild", "positive", REBUILD_POSITIVE),
-            _ctl("rope_late", "negative", LATE_NEGATIVE),
-        ),
+        controls=REBUILD_CONTROLS,
         would_change="The later blocks adding no more margin after the window than they add "
         "when nothing was withheld (their ordinary contribution, not compensation).",
         by_construction="Later blocks help even in the intact model, so only what they add "
@@ -639,8 +639,7 @@ RULES = (
         0.0,
         study=("rope_axial",),
         controls=(
-            _ctl("rope_rebuild", "positive", REBUILD_POSITIVE),
-            _ctl("rope_late", "negative", LATE_NEGATIVE),
+            *REBUILD_CONTROLS,
             _ctl(
                 "rope_axial",
                 "negative",
@@ -669,10 +668,7 @@ RULES = (
         "rebuilding after a row-only vs a column-only window with its axis specialization",
         0.0,
         study=("rope_axial",),
-        controls=(
-            _ctl("rope_rebuild", "positive", REBUILD_POSITIVE),
-            _ctl("rope_late", "negative", LATE_NEGATIVE),
-        ),
+        controls=REBUILD_CONTROLS,
         would_change="Heads' axis-window preferences unrelated to (or against) their attention's "
         "axis specialization.",
         by_construction="In the positive control each head's planes follow one axis by design, "
