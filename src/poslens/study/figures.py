@@ -136,7 +136,7 @@ def claims_at_a_glance(claims: list[dict[str, Any]]) -> Figure | None:
         rows = [(m, "study", t) for m, t in c["primary"]["models"].items()]
         rows += [(k["model"], k["role"], k["test"]) for k in c["calibration"]["controls"]]
         rows_of.append(rows)
-    heights = [max(1, len(r)) * 0.32 + 0.7 for r in rows_of]
+    heights = [max(1, len(r)) * 0.32 + 0.95 for r in rows_of]
     fig = Figure(figsize=(7.5, sum(heights)), layout="constrained")
     axes = fig.subplots(len(claims), 1, squeeze=False, height_ratios=heights)[:, 0]
     for ax, c, rows in zip(axes, claims, rows_of, strict=True):
@@ -162,12 +162,12 @@ def claims_at_a_glance(claims: list[dict[str, Any]]) -> Figure | None:
         ax.set_yticks(y, [f"{n} ({r})" if r != "study" else n for n, r, _ in rows], fontsize=7)
         ax.set_ylim(-0.7, len(rows) - 0.1)
         verdict = c["verdict"] + (f" ({c['qualifier']})" if c.get("qualifier") else "")
-        ax.set_title(f"{c['title']}: {c.get('level_name', c['id'])}: {verdict}", fontsize=8,
+        ax.set_title(f"{c['title']}\n{c.get('level_name', c['id'])}: {verdict}", fontsize=8,
                      loc="left")  # fmt: skip
         ax.tick_params(axis="x", labelsize=7)
         ax.grid(alpha=0.3, axis="x")
-    axes[-1].set_xlabel("effect (each panel in its own units): mean over seeds and one-sided 95% "
-                        "bounds; dashed: threshold; star: the original", fontsize=7)  # fmt: skip
+    axes[-1].set_xlabel("effect, each panel in its own units: mean over seeds and one-sided 95% "
+                        "bounds\ndashed: the threshold; star and dotted: the original", fontsize=7)  # fmt: skip
     return fig
 
 
