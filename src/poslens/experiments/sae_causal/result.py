@@ -3,6 +3,7 @@ condition's readout, and the summary numbers the claim rests on."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -115,12 +116,14 @@ class SiteResult:
 
     def drop(self, name: str, kind: str, where: int, target: str = "exact") -> float:
         """How far the `target` probe (exact, row, col) of `kind` at probe site `where` (0: the
-        SAE's site, -1: out) fell toward chance: (intact - condition) / (intact - chance)."""
+        SAE's site, -1: out) fell toward chance: (intact - condition) / (intact - chance). NaN
+        (not measured, never 0) where the intact probe is no better than chance: there is no
+        way toward chance to go."""
         j = TARGETS.index(target)
         intact = self.probes["intact"][kind.replace("fixed", "refit")][where, j]
         chance = self.probes["chance"]["refit"][where, j]
         gap = intact - chance
-        return float((intact - self.probes[name][kind][where, j]) / gap) if gap > 0 else 0.0
+        return float((intact - self.probes[name][kind][where, j]) / gap) if gap > 0 else math.nan
 
     def summary(self) -> dict[str, Any]:
         """Per condition group: the fixed and refitted exact probe's drop toward chance at the
