@@ -22,6 +22,7 @@ TINY_STUDY = StudyConfig(
     preset="quick",
     models=("ape", "rope_axial"),
     seeds=2,
+    in_situ=False,  # tests/study/test_in_situ_study.py runs them
     experiments=("depth_profile", "position_removal", "axis_map", "windows", "heads", "sae_causal"),
     train_set=(
         "model.dim=16", "model.depth=2", "model.heads=2", "train.steps=6", "train.batch_size=16",

@@ -91,13 +91,18 @@ def test_pretrained_study_layout_schema_and_claims(study: tuple[Path, dict[str, 
     out, res = study
     schema = json.loads(resources.files("poslens.study").joinpath("schema.json").read_text())
     jsonschema.validate(json.loads((out / "results.json").read_text()), schema)
-    assert set(res["models"]) == {APE, ROPE}
+    # each model and its in-situ controls (those whose edit fits its encoding)
+    in_situ = {APE: ("table_rowcol", "table_cell", "position_shuffled"),
+               ROPE: ("heads_axis_split", "freqs_oblique", "position_shuffled")}  # fmt: skip
+    assert set(res["models"]) == {APE, ROPE} | {f"{m}~{e}" for m, es in in_situ.items() for e in es}
     assert res["models"][APE]["posenc"] == "ape"
     assert res["models"][ROPE]["posenc"] == "rope_axial"
     for name, entry in res["models"].items():
         assert [r["seed"] for r in entry["runs"]] == [0, 1]
+        base, _, edit = name.partition("~")
         for r in entry["runs"]:
-            assert r["train"] is None and r["checkpoint"] == f"timm:{name}"
+            assert r["train"] is None and r["checkpoint"] == f"timm:{base}"
+            assert r["pretrained"].get("in_situ") == (edit or None)
             assert r["pretrained"]["chance"] == pytest.approx(0.2)
             assert 0 <= r["pretrained"]["test_acc"] <= 1 and r["pretrained"]["n_images"] == 40
     assert not (out / "checkpoints").exists()  # nothing is trained
@@ -204,7 +209,8 @@ def test_cli_study_on_a_pretrained_model(
             "--data", str(images), "--out", str(out), "--no-progress", "--jobs", "1"]  # fmt: skip
     assert main(argv) == 0
     res = json.loads((out / "results.json").read_text())
-    assert list(res["models"]) == [ROPE] and res["config"]["images"] == str(images)
+    assert [m for m in res["models"] if "~" not in m] == [ROPE]
+    assert res["config"]["images"] == str(images)
     assert "results in" in capsys.readouterr().out
     for extra, message in (
         (["--models", "ape"], "--pretrained replaces them"),

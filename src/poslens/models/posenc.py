@@ -96,6 +96,9 @@ class Rotary(nn.Module):
         rotated = torch.ones(depth) if blocks == "all" else (torch.arange(depth) < depth // 2)
         # [depth, 1, 1, 1] when some blocks do not rotate, else None (angles shared by blocks)
         self.block_mask = None if blocks == "all" else rotated.float()[:, None, None, None]
+        # an in-situ control's override (interventions.in_situ): the angles' tokens permuted by a
+        # permutation seeded with this, so each token turns by another token's angles
+        self.shuffle_seed: int | None = None
 
     def forward(self, gh: int, gw: int) -> torch.Tensor:
         """Angles [depth or 1, H or 1, gh*gw, P] in radians."""
@@ -107,6 +110,9 @@ class Rotary(nn.Module):
         angles = col[:, None] * fx[..., None, :] + row[:, None] * fy[..., None, :]
         if self.block_mask is not None:
             angles = angles * self.block_mask.to(angles.device)
+        if self.shuffle_seed is not None:
+            g = torch.Generator().manual_seed(self.shuffle_seed)
+            angles = angles[..., torch.randperm(gh * gw, generator=g).to(angles.device), :]
         return angles
 
 

@@ -26,6 +26,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from poslens.interventions import in_situ
 from poslens.metrics.stats import SeedTest, holm, seed_test
 from poslens.study.config import StudyConfig
 from poslens.study.reference import reference_check
@@ -45,7 +46,8 @@ NO_POWER = "no power"  # the qualifier of an inconclusive verdict whose interval
 PRETRAINED_CAVEAT = (
     "Pretrained weights: each model is one set of weights, so its seeds are analysis seeds (image "
     "subset, RPI permutation, probe split, random draws) and the interval measures analysis "
-    "noise, not variation between trainings; no calibration models are trained in such a study."
+    "noise, not variation between trainings. No calibration models are trained in such a study: "
+    "its controls are in situ, the studied weights edited to plant or remove each mechanism."
 )
 
 Models = dict[str, dict[str, Any]]
@@ -117,17 +119,34 @@ def fmt_test(j: Judged) -> str:
 
 
 def _study_views(rule: Rule, views: dict[str, View], pretrained: bool) -> list[View]:
-    if pretrained:
-        return [v for v in views.values() if rule.applies_to(v.family) and v.seeds(rule.experiment)]
+    if pretrained:  # every pretrained model of the rule's family (not its in-situ controls)
+        return [v for v in views.values() if in_situ.split_name(v.model)[1] is None
+                and rule.applies_to(v.family) and v.seeds(rule.experiment)]  # fmt: skip
     return [views[m] for m in rule.study if m in views and views[m].seeds(rule.experiment)]
 
 
 def _judge(rule: Rule, v: View, role: str, control: Control | None = None) -> Judged:
     measure = control.effect if control is not None and control.effect else rule.effect
     eff = measure(v)
-    name = control.name if control is not None else v.model
+    name = control.name if control is not None and not control.in_situ else v.model
     return Judged(name, role, eff, seed_test(eff.values, rule.threshold, ALPHA),
                   design=control.design if control is not None else "")  # fmt: skip
+
+
+def _controls(rule: Rule, views: dict[str, View], study: list[Judged]) -> list[Judged]:
+    """The rule on each of its controls present in this study: the trained control models, then
+    each judged model under each in-situ edit ("ape~table_rowcol")."""
+    out = []
+    for c in rule.controls:
+        if not c.in_situ:
+            if c.model in views:
+                out.append(_judge(rule, views[c.model], c.role, c))
+            continue
+        for j in study:
+            name = in_situ.model_name(j.model, c.edit)
+            if name in views and views[name].seeds(rule.experiment):
+                out.append(_judge(rule, views[name], c.role, c))
+    return out
 
 
 def evaluate_claims(models: Models, cfg: StudyConfig | None = None) -> list[dict[str, Any]]:
@@ -138,8 +157,7 @@ def evaluate_claims(models: Models, cfg: StudyConfig | None = None) -> list[dict
     out = []
     for rule in RULES:
         study = [_judge(rule, v, "study") for v in _study_views(rule, views, pretrained)]
-        controls = [_judge(rule, views[c.model], c.role, c) for c in rule.controls
-                    if c.model in views]  # fmt: skip
+        controls = _controls(rule, views, study)
         # one family per level: its study models and its controls, judged at the same level
         family = [*study, *controls]
         for j, p in zip(family, holm([j.test.p for j in family]), strict=True):
@@ -266,6 +284,7 @@ def _claim(
             "The rule was not calibrated in this study: it needs a measured positive and negative "
             f"control with at least {MIN_SEEDS} seeds each"
             + (f" ({'; '.join(missing)})" if missing else " (none was run)")
+            + (f"; {rule.in_situ_gap}" if rule.in_situ_gap else "")
             + "."
         )
     elif not cal["passed"]:

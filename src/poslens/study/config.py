@@ -63,6 +63,10 @@ class StudyConfig:
     # permutation and random draws change with the seed, the weights do not.
     pretrained: tuple[str, ...] = ()
     images: str = ""
+    # In-situ controls (interventions.in_situ): each judged model under the weight edits its
+    # rules name, run through the same experiments as the model itself; the only controls of a
+    # pretrained study
+    in_situ: bool = True
 
     def __post_init__(self) -> None:
         one_of("study.preset", self.preset, PRESETS)
@@ -111,6 +115,8 @@ class StudyConfig:
                 f"study.ssdc_images ({self.ssdc_images}) exceeds study.n_images ({self.n_images})"
             )
         one_of("study.precision", self.precision, ANALYSIS_PRECISIONS)
+        if not isinstance(self.in_situ, bool):
+            raise ConfigError(f"study.in_situ must be true or false, got {self.in_situ!r}")
         # parsed once (not fields: results.json records the strings above)
         object.__setattr__(self, "_pretrained", pretrained)
         object.__setattr__(self, "_only", only)

@@ -15,6 +15,7 @@ from pathlib import Path
 from poslens.errors import CheckpointError, ConfigError, DataError, UserError
 from poslens.experiments.config import ExperimentConfig
 from poslens.experiments.registry import configs, get
+from poslens.interventions import in_situ
 from poslens.study.config import Pretrained, StudyConfig, config_hash
 from poslens.training.config import RunConfig, apply_overrides, preset
 
@@ -51,6 +52,12 @@ class RunPlan:
     checkpoint: Path | None = None  # trained models: checkpoints/<model>_s<seed>_<hash>
     pretrained: Pretrained | None = None
     images: str = ""  # pretrained models: their image folder
+    edit: str = ""  # an in-situ control: the base model's weights under this edit
+
+    @property
+    def base(self) -> str:
+        """The model whose weights this run reads (itself, unless it is an in-situ control)."""
+        return in_situ.split_name(self.model)[0]
 
     @property
     def weight(self) -> float:
@@ -71,6 +78,11 @@ class Plan:
     @property
     def stages_total(self) -> int:
         return sum(len(r.stages) for r in self.runs)
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        """Every model of results.json: the study's, then their in-situ controls."""
+        return tuple(dict.fromkeys(r.model for r in self.runs))
 
 
 def run_config(cfg: StudyConfig, model: str, seed: int, threads: int = 0) -> RunConfig:
@@ -179,7 +191,43 @@ def make_plan(
             runs.append(
                 RunPlan(model, seed, tuple(stages), rc, ckpt, source, cfg.images if source else "")
             )
+    runs += [d for r in runs for d in in_situ_runs(cfg, r)]
     return Plan(cfg, out, device, n_jobs, threads, tuple(runs))
+
+
+def in_situ_edits(cfg: StudyConfig, run: RunPlan) -> dict[str, tuple[str, ...]]:
+    """The in-situ controls a study model gets: edit -> the experiments its rules read, for
+    each rule that judges the model (a trained model: one of the rule's study models, and the
+    edit applies to its config; a pretrained model: every rule, the edit's fit is checked when
+    the weights are loaded)."""
+    from poslens.study.rules import RULES  # the rules read the experiments, not the plan
+
+    if not cfg.in_situ:
+        return {}
+    out: dict[str, set[str]] = {}
+    for rule in RULES:
+        if run.run_config is not None and run.model not in rule.study:
+            continue
+        for edit in rule.edits:
+            if run.run_config is not None and not in_situ.get(edit).applies(run.run_config.model):
+                continue
+            out.setdefault(edit, set()).update(e for e in rule.reads if e in cfg.experiments)
+    return {e: tuple(x for x in cfg.experiments if x in exps) for e, exps in out.items() if exps}
+
+
+def in_situ_runs(cfg: StudyConfig, run: RunPlan) -> list[RunPlan]:
+    """`run`'s in-situ controls as runs of their own ("ape~table_rowcol"): the same checkpoint
+    or weights, the edit applied on loading, only the experiments their rules read (study.only
+    does not limit them). A trained model's control re-reads its finished checkpoint (no
+    training of its own)."""
+    first = run.stages[0]
+    out = []
+    for edit, exps in in_situ_edits(cfg, run).items():
+        name = in_situ.model_name(run.model, edit)
+        stages = [replace(first, model=name, weight=0.0 if first.kind == "train" else first.weight)]
+        stages += [replace(s, model=name, only=None) for s in run.stages[1:] if s.kind in exps]
+        out.append(replace(run, model=name, stages=tuple(stages), edit=edit))
+    return out
 
 
 def stage_hash(stage: Stage, skip: bool, source_identity: dict[str, object]) -> str:

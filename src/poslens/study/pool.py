@@ -34,10 +34,11 @@ def run_task(run: RunPlan, out: Path, device: str, threads: int, events: Events)
 
 def model_task(
     runs: list[RunPlan], out: Path, device: str, threads: int, events: Events
-) -> dict[int, RunResult]:
+) -> dict[tuple[str, int], RunResult]:
     """One trained model as an executor task: its seeds trained as one ensemble, then each
-    seed's experiments; a run's training timing is its share of the ensemble's. One process per
-    model, so the experiments start as soon as their model is trained."""
+    seed's experiments, then its in-situ controls' (which read the same checkpoints); a run's
+    training timing is its share of the ensemble's. One process per model, so the experiments
+    start as soon as their model is trained. Results by (model, seed)."""
     import torch
 
     from poslens.limits import check_device, resolve_device
@@ -46,15 +47,15 @@ def model_task(
     check_device(device)
     if threads:
         torch.set_num_threads(threads)
-    trained = train_group(runs, device, events)
+    trained = train_group([r for r in runs if not r.edit], device, events)
     results = {}
     for run in runs:
         entry, timings = run_one(run, out, device, threads, events)
-        seconds, reused = trained[run.seed]
+        seconds, reused = (0.0, True) if run.edit else trained[run.seed]
         for t in timings:
             if t["stage"] == "train":
                 t.update(seconds=round(seconds, 2), reused=reused)
-        results[run.seed] = (entry, timings)
+        results[run.model, run.seed] = (entry, timings)
     return results
 
 
@@ -129,9 +130,9 @@ def execute(plan: Plan, executor: Executor, progress: bool) -> dict[tuple[str, i
     """Every run of the plan, by (model, seed), through `executor` (see make_executor): one task
     per trained model (its seeds as one ensemble, then their experiments), or one task per
     pretrained model and analysis seed."""
-    groups: dict[str, list[RunPlan]] = {}
+    groups: dict[str, list[RunPlan]] = {}  # by the model whose weights the runs read
     for r in plan.runs:
-        groups.setdefault(r.model, []).append(r)
+        groups.setdefault(r.base, []).append(r)
 
     # the slowest learners first (APE tables; docs/study.md), so that the last tasks running
     # alone are short ones
@@ -142,22 +143,24 @@ def execute(plan: Plan, executor: Executor, progress: bool) -> dict[tuple[str, i
     order = sorted(groups, key=lambda m: not learns_slowly(m))
     args = (plan.out, plan.device, plan.threads)
     tasks: dict[str, Task] = {}
-    model_of: dict[str, str] = {}  # task key -> its model
     for model in order:
         runs = groups[model]
         if runs[0].run_config is not None:
             key = f"{model} seeds {runs[0].seed}-{runs[-1].seed}"
-            tasks[key], model_of[key] = Task(key, model_task, (runs, *args)), model
+            tasks[key] = Task(key, model_task, (runs, *args))
         else:
             for r in runs:
                 key = f"{r.model} seed {r.seed}"
-                tasks[key], model_of[key] = Task(key, run_task, (r, *args)), model
+                tasks[key] = Task(key, run_task, (r, *args))
     with _display(plan, progress) as on_event:
         by_key = executor.run(list(tasks.values()), on_event)
     results: dict[tuple[str, int], RunResult] = {}
-    for key, got in by_key.items():  # model_task: seed -> result; run_task: one result
-        per_seed = got if tasks[key].fn is model_task else {tasks[key].args[0].seed: got}
-        results |= {(model_of[key], seed): r for seed, r in per_seed.items()}
+    for key, got in by_key.items():  # model_task: (model, seed) -> result; run_task: one result
+        if tasks[key].fn is model_task:
+            results |= got
+        else:
+            run = tasks[key].args[0]
+            results[run.model, run.seed] = got
     return results
 
 

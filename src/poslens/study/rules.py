@@ -23,6 +23,7 @@ from poslens.experiments import axis_map, position_removal, windows
 from poslens.experiments.heads import result as heads
 from poslens.experiments.output import retention_number
 from poslens.experiments.sae_causal import result as sae
+from poslens.interventions import in_situ
 from poslens.models.config import posenc_family
 
 Values = list[float]  # one number per seed (NaN where a seed lacks it)
@@ -395,17 +396,29 @@ class Control:
     """A calibration test: `model` with the mechanism present ("positive") or absent
     ("negative") by design. `effect`: a null built inside the model instead of the rule's own
     effect (e.g. a random head for the top head); `label` names it then. `design`: what the
-    control plants or removes, in a phrase."""
+    control plants or removes, in a phrase. `edit`: an in-situ control instead of a trained
+    model: each judged model under that weight edit (interventions.in_situ), `model` empty."""
 
     model: str
     role: str
     design: str
     effect: Callable[[View], Effect] | None = None
     label: str = ""
+    edit: str = ""
 
     @property
     def name(self) -> str:
         return self.label or self.model
+
+    @property
+    def in_situ(self) -> bool:
+        return bool(self.edit)
+
+
+def in_situ_control(edit: str) -> Control:
+    """The in-situ control `edit` (its role and design are the edit's own)."""
+    e = in_situ.get(edit)
+    return Control("", e.role, f"in situ: {e.plants}", edit=edit)
 
 
 def _no_notes(v: View) -> Notes:
@@ -436,6 +449,9 @@ class Rule:
     by_construction: str  # what holds by construction here, so it is not evidence
     notes: Callable[[View], Notes] = field(default=_no_notes)
     descriptive: bool = False
+    # why no in-situ control can calibrate this level where one is missing (a pretrained study
+    # then says so instead of a verdict), e.g. "no weight edit plants compensation"
+    in_situ_gap: str = ""
 
     @property
     def id(self) -> str:
@@ -448,8 +464,14 @@ class Rule:
 
     @property
     def models(self) -> tuple[str, ...]:
-        """Every model this rule reads: study models, then control models."""
-        return tuple(dict.fromkeys([*self.study, *(c.model for c in self.controls)]))
+        """Every model this rule reads: study models, then trained control models."""
+        trained = [c.model for c in self.controls if not c.in_situ]
+        return tuple(dict.fromkeys([*self.study, *trained]))
+
+    @property
+    def edits(self) -> tuple[str, ...]:
+        """The in-situ controls this rule runs on each model it judges."""
+        return tuple(c.edit for c in self.controls if c.in_situ)
 
     def applies_to(self, family: str) -> bool:
         """Whether a model of this encoding family is judged by this rule."""
@@ -471,6 +493,17 @@ REBUILD_POSITIVE = ("heads of one axis each, trained with rotations withheld in 
                     "that are never the one tested: compensation by design, not by rote")  # fmt: skip
 LATE_NEGATIVE = ("later blocks rotate (a signal to measure) but were trained only with their own "
                  "rotations withheld, never an early window: nothing trained to compensate")  # fmt: skip
+
+# the APE rules' in-situ controls: the studied table's own row + column part, or its cell residual
+APE_IN_SITU = (in_situ_control("table_rowcol"), in_situ_control("table_cell"))
+NO_EDIT_PLANTS_REBUILDING = (
+    "no weight edit plants compensation: it is learned, so only models trained for it (or "
+    "fine-tuned from the studied weights) can calibrate this level"
+)
+NO_EDIT_PLANTS_USE = (
+    "no weight edit makes a model use position: in situ only the negative control (position "
+    "shuffled across positions) is built, so sensitivity rests on trained models"
+)
 
 # the rebuilding rules' model controls (the heads rules read the same models)
 REBUILD_CONTROLS = (
@@ -501,6 +534,7 @@ RULES = (
                 "a planted table of one direction per cell: positional "
                 "features, none of them row or column",
             ),
+            *APE_IN_SITU,
         ),
         would_change="Zeroing the row and column latents moving the site's probe less than a "
         "tenth of the way to chance beyond matched random latents.",
@@ -529,6 +563,7 @@ RULES = (
                 "the same planted row + column table, trained with "
                 "its patches permuted at every step: row and column features present, unusable",
             ),
+            *APE_IN_SITU,
         ),
         would_change="Zeroing the row and column latents costing less than 5 accuracy points "
         "beyond matched random latents.",
@@ -562,6 +597,8 @@ RULES = (
                 "planes along the diagonals, split by their "
                 "pre-rotation axes: each half follows both axes, so removing it costs both",
             ),
+            in_situ_control("heads_axis_split"),
+            in_situ_control("freqs_oblique"),
         ),
         would_change="Removing one axis's planes hurting the other axis as much as random planes "
         "do.",
@@ -605,6 +642,7 @@ RULES = (
         by_construction="RPI-SSDC can return whenever later blocks still rotate: the return "
         "alone is not compensation (the sharper test subtracts the later blocks' ordinary part).",
         notes=rebuild_retention_notes,
+        in_situ_gap=NO_EDIT_PLANTS_REBUILDING,
     ),
     Rule(
         "rope_rebuilds",
@@ -625,6 +663,7 @@ RULES = (
         by_construction="Later blocks help even in the intact model, so only what they add "
         "beyond that is compensation.",
         notes=rebuild_notes,
+        in_situ_gap=NO_EDIT_PLANTS_REBUILDING,
     ),
     Rule(
         "heads_rebuild",
@@ -654,6 +693,7 @@ RULES = (
         by_construction="The head is ranked on other images than it is measured on, so picking "
         "the largest of many noisy excesses does not by itself make the effect positive.",
         notes=heads_excess_notes,
+        in_situ_gap=NO_EDIT_PLANTS_REBUILDING,
     ),
     Rule(
         "heads_rebuild",
@@ -673,6 +713,8 @@ RULES = (
         "axis specialization.",
         by_construction="In the positive control each head's planes follow one axis by design, "
         "so its correlation is close to 1 by construction: it shows the instrument can see it.",
+        in_situ_gap="no in-situ controls yet: axis-specialised heads can be planted by an edit "
+        "(heads_axis_split), but the rebuilding they would have to show is learned",
     ),
     Rule(
         "position_matters",
@@ -693,8 +735,10 @@ RULES = (
                 "position present (the planted table) but unusable: "
                 "trained with its patches permuted at every step",
             ),
+            in_situ_control("position_shuffled"),
         ),
         would_change="Removing position costing less than 10 accuracy points.",
+        in_situ_gap=NO_EDIT_PLANTS_USE,
         by_construction="The task's label depends on where the objects are, so a drop is "
         "expected where the model learned to read position.",
     ),

@@ -70,7 +70,11 @@ def _run(plan: Plan, executor: Executor, progress: bool) -> dict[str, Any]:
     start = time.perf_counter()
     by_run = execute(plan, executor, progress)
     runs_seconds = time.perf_counter() - start
-    runs = {m: [by_run[m, s][0] for s in range(cfg.seeds)] for m in cfg.model_keys}
+    runs = {m: [by_run[m, s][0] for s in range(cfg.seeds)] for m in plan.models}
+    # a pretrained model's in-situ controls whose edit does not fit it (an APE edit on a RoPE
+    # model: the plan cannot know the encoding before the weights load) are not models of it
+    runs = {m: rs for m, rs in runs.items()
+            if not all((r.get("pretrained") or {}).get("not_applied") for r in rs)}  # fmt: skip
     # a trained model's encoding (a calibration model's is the one it is built on)
     posenc = {r.model: r.run_config.model.posenc for r in plan.runs if r.run_config is not None}
     # what a verdict describes (the image size is the task's, as training takes it)
@@ -84,7 +88,7 @@ def _run(plan: Plan, executor: Executor, progress: bool) -> dict[str, Any]:
             "runs": runs[m],
             "aggregate": aggregate(runs[m], cfg.experiments),
         }
-        for m in cfg.model_keys
+        for m in runs
     }
     from poslens.study.figures import study_figures
 

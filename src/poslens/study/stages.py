@@ -20,6 +20,7 @@ from poslens.errors import CheckpointError
 from poslens.experiments.analyze import analyze
 from poslens.experiments.config import ExperimentConfig
 from poslens.experiments.readout import ReferenceCache, eval_images
+from poslens.interventions import in_situ
 from poslens.io import jsonable, read_json, write_json
 from poslens.models.vit import ViT
 from poslens.study.config import config_hash
@@ -57,6 +58,8 @@ class Source:
     weights: str = ""
     images: str = ""
     seed: int = 0
+    edit: str = ""  # an in-situ control (interventions.in_situ) applied to every model loaded
+    not_applied: str | None = field(default=None, init=False, compare=False)  # why not, once loaded
 
     # The run's images, built once per run and shared by its stages (decoding a large image folder
     # again for every experiment would cost more than the experiment); tasks are read-only.
@@ -65,16 +68,21 @@ class Source:
     @classmethod
     def of(cls, run: RunPlan) -> Source:
         if run.pretrained is None:
-            return cls(checkpoint=run.checkpoint)
+            return cls(checkpoint=run.checkpoint, edit=run.edit)
         p = run.pretrained
-        return cls(spec=p.spec, weights=p.weights, images=run.images, seed=run.seed)
+        return cls(spec=p.spec, weights=p.weights, images=run.images, seed=run.seed, edit=run.edit)
 
     def load(self, device: str) -> tuple[ViT, Task]:
-        """A fresh model (stages never share one) and the run's images."""
+        """A fresh model (stages never share one), under the in-situ edit where it applies, and
+        the run's images."""
         if self.checkpoint is not None:
             model = poslens.load(self.checkpoint, device=device)
         else:
             model = poslens.load(self.spec, weights=self.weights, device=device)
+        if self.edit:
+            self.not_applied = edit_problem(model, self.edit)  # judged on the unedited model
+            if self.not_applied is None:
+                in_situ.apply(model, self.edit)
         if self._task is None:
             self._task = (
                 poslens.load_task(self.checkpoint)
@@ -86,12 +94,20 @@ class Source:
     def identity(self) -> dict[str, Any]:
         """What the results depend on, for the stage reuse key: the checkpoint (its name holds
         its config hash), or the pretrained model, its weights file (path and size) and images."""
+        edit = {"in_situ": self.edit} if self.edit else {}
         if self.checkpoint is not None:
-            return {"checkpoint": self.checkpoint.name}
+            return {"checkpoint": self.checkpoint.name} | edit
         weights = Path(self.weights)
         size = weights.stat().st_size if weights.is_file() else None
         return {"model": self.spec, "weights": self.weights, "weights_bytes": size,
-                "images": str(Path(self.images).resolve()), "image_seed": self.seed}  # fmt: skip
+                "images": str(Path(self.images).resolve()), "image_seed": self.seed} | edit  # fmt: skip
+
+
+def edit_problem(model: ViT, edit: str) -> str | None:
+    """Why in-situ control `edit` cannot be built on `model` (None: it can)."""
+    if in_situ.get(edit).applies(model.cfg):
+        return None
+    return f"in-situ control {edit} does not apply to a {model.cfg.posenc} model"
 
 
 def finished(path: Path, key: str) -> dict[str, Any] | None:
@@ -153,6 +169,7 @@ def load_stage(source: Source, ecfg: ExperimentConfig, device: str) -> dict[str,
     model, data = source.load(device)
     x, y = eval_images(data, ecfg)
     dev, n_classes = model.head.weight.device, model.cfg.num_classes
+    edit = {"in_situ": source.edit, "not_applied": source.not_applied} if source.edit else {}
     correct = sum(
         int((model(x[i : i + ecfg.batch_size].to(dev)).argmax(-1).cpu() == y[i : i + ecfg.batch_size]).sum())
         for i in range(0, len(x), ecfg.batch_size)
@@ -167,7 +184,7 @@ def load_stage(source: Source, ecfg: ExperimentConfig, device: str) -> dict[str,
         "chance": 1 / n_classes if n_classes else None,
         "n_images": len(x),
         "params": sum(p.numel() for p in model.parameters()),
-    }
+    } | edit
 
 
 def experiment_stage(
@@ -208,6 +225,7 @@ def run_one(
     source = Source.of(run)
     entry: dict[str, Any] = {}
     posenc = run.model
+    not_applied: str | None = None  # a pretrained model that its in-situ edit does not fit
     timings: list[dict[str, Any]] = []
     references: ReferenceCache = {}  # shared by this run's experiment stages
     for st in run.stages:
@@ -240,6 +258,7 @@ def run_one(
                 record = load_stage(source, c, device) | {"config_hash": key}
                 write_json(marker, jsonable(record))
             posenc = record["posenc"]
+            not_applied = record.get("not_applied")
             entry = {
                 "seed": run.seed,
                 "checkpoint": source.spec,
@@ -251,12 +270,14 @@ def run_one(
             }
         else:
             marker = run_dir / f"{st.kind}.stage.json"
-            skip = st.skipped_for(posenc)
+            skip = st.skipped_for(posenc) or not_applied is not None
             key = stage_hash(st, skip, source.identity())
             record = finished(marker, key)
             reused = record is not None
             if record is None:
-                if skip:
+                if not_applied is not None:
+                    record = {"skipped": not_applied}
+                elif skip:
                     record = {"skipped": f"not run on {run.model} in this study (study.only)"}
                 else:
                     record = experiment_stage(st, source, run_dir, out, device, references)
