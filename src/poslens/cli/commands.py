@@ -1,4 +1,4 @@
-"""The commands behind `poslens train | info | analyze | sae train | study | report`: each turns
+"""The commands behind `poslens train | info | analyze | sae train | study | export | report`: each turns
 parsed arguments into calls of the Python API and returns an exit code."""
 
 from __future__ import annotations
@@ -406,6 +406,21 @@ def _slurm_options(args: argparse.Namespace) -> SlurmOptions | None:
     )
     opts.check(args.device)
     return opts
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """Write a checkpoint as timm weights and the timm arguments beside them (timm_export),
+    checked by converting them back; prints how to study and how to load them."""
+    import poslens
+    from poslens.models.timm_export import export_timm, timm_name_for
+
+    model = poslens.load(args.checkpoint)
+    name = args.timm or timm_name_for(model.cfg)
+    weights, side = export_timm(model, args.out, name)
+    print(weights)
+    print(side)
+    print(f"study it with: poslens study --pretrained timm:{name}={weights} --data IMAGES --out DIR")
+    return 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:

@@ -7,6 +7,7 @@ from typing import NoReturn
 
 from poslens.cli.commands import (
     cmd_analyze,
+    cmd_export,
     cmd_info,
     cmd_report,
     cmd_sae_train,
@@ -246,6 +247,20 @@ def build_parser(prog: str = "poslens") -> argparse.ArgumentParser:
         "--allow-unfinished", action="store_true", help="describe an unfinished training run too"
     )
     i.set_defaults(fn=cmd_info)
+
+    x = sub.add_parser(
+        "export",
+        help="write a poslens checkpoint as timm weights, to study it as a pretrained model",
+    )
+    x.add_argument("checkpoint", help="poslens checkpoint folder")
+    x.add_argument(
+        "--timm",
+        metavar="NAME",
+        help="the timm architecture (default: vit_tiny_patch16_224 for APE, "
+        "vit_small_patch16_rope_224 for RoPE-Axial); its shapes come from the checkpoint",
+    )
+    x.add_argument("--out", required=True, help="the .safetensors file to write")
+    x.set_defaults(fn=cmd_export)
 
     r = sub.add_parser(
         "report", help="rebuild a study's report.html and report.md from its results.json"

@@ -342,9 +342,14 @@ def check_rotary(model: ViT, tm: nn.Module, name: str) -> None:
 def load_timm(name: str, weights: str | Path, device: str = "cpu", **timm_kwargs: Any) -> ViT:
     """poslens ViT (eval mode) from timm model `name` and a local safetensors file, or weights='hub'.
 
-    `timm_kwargs` go to timm.create_model (for example depth=2 for a truncated model).
+    `timm_kwargs` go to timm.create_model (for example depth=2 for a truncated model), after
+    the shape arguments that `poslens export --timm` wrote beside the weights (timm_export).
     """
+    from poslens.models.timm_export import read_kwargs
+
     hub = str(weights) == "hub"
+    if not hub:
+        timm_kwargs = read_kwargs(weights) | timm_kwargs
     tm = create_timm(name, pretrained=hub, **timm_kwargs)
     if not hub:
         load_timm_weights(tm, name, weights)

@@ -1,0 +1,123 @@
+"""In-situ controls in the study: which edits each model gets, run on the model's own checkpoint
+(no training of their own), judged as controls of the rules that name them; and, on a trained
+model that was never trained for it, the rules see a planted mechanism and stay quiet about a
+removed one."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import poslens
+from poslens.experiments.analyze import analyze
+from poslens.interventions import in_situ
+from poslens.study import preset, run_study
+from poslens.study.plan import experiment_configs, in_situ_edits, make_plan
+from poslens.study.rules import View, position_effect, rope_split_effect
+from tests.study.test_study import TINY_STUDY
+
+
+def test_each_study_model_gets_the_edits_its_rules_name(tmp_path: Path) -> None:
+    cfg = preset("default")
+    plan = make_plan(cfg, tmp_path)
+    base = {(r.model, r.seed): r for r in plan.runs if not r.edit}
+    edits = {m: in_situ_edits(cfg, base[m, 0]) for m in cfg.models}
+    assert edits["ape"] == {"table_rowcol": ("position_removal", "sae_causal"),
+                            "table_cell": ("position_removal", "sae_causal"),
+                            "position_shuffled": ("position_removal",)}  # fmt: skip
+    assert edits["rope_axial"] == {"heads_axis_split": ("position_removal", "axis_map"),
+                                   "freqs_oblique": ("position_removal", "axis_map"),
+                                   "position_shuffled": ("position_removal",)}  # fmt: skip
+    assert edits["rope_mixed"] == {"position_shuffled": ("position_removal",)}
+    assert all(not e for m, e in edits.items() if m not in ("ape", "rope_axial", "rope_mixed"))
+    for r in plan.runs:
+        if r.edit:  # the base's checkpoint, a reused "train" stage of no weight, then its reads
+            b = base[r.base, r.seed]
+            assert r.checkpoint == b.checkpoint and r.model == in_situ.model_name(r.base, r.edit)
+            assert r.stages[0].kind == "train" and r.stages[0].weight == 0
+            assert all(s.only is None for s in r.stages[1:])
+    assert not any(r.edit for r in make_plan(replace(cfg, in_situ=False), tmp_path).runs)
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    out = tmp_path_factory.mktemp("in_situ")
+    cfg = replace(TINY_STUDY, in_situ=True, seeds=1, experiments=("position_removal", "axis_map"))
+    return out, run_study(cfg, out, progress=False)
+
+
+def test_in_situ_runs_read_the_base_checkpoint_and_are_judged_as_controls(
+    study: tuple[Path, dict[str, Any]],
+) -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    out, res = study
+    schema = json.loads(resources.files("poslens.study").joinpath("schema.json").read_text())
+    jsonschema.validate(res, schema)
+    assert len(list((out / "checkpoints").iterdir())) == 2  # ape and rope_axial, nothing more
+    names = set(res["models"])
+    assert {"ape~position_shuffled", "rope_axial~heads_axis_split",
+            "rope_axial~freqs_oblique", "rope_axial~position_shuffled"} <= names  # fmt: skip
+    for name, entry in res["models"].items():
+        base = name.partition("~")[0]
+        (run,) = entry["runs"]
+        assert run["checkpoint"] == res["models"][base]["runs"][0]["checkpoint"]
+    split = next(c for c in res["claims"] if c["id"] == "rope_planes_split.original")
+    rows = {c["model"]: c for c in split["calibration"]["controls"]}
+    assert rows["rope_axial~heads_axis_split"]["role"] == "positive"
+    assert rows["rope_axial~freqs_oblique"]["role"] == "negative"
+    assert rows["rope_axial~freqs_oblique"]["design"].startswith("in situ: ")
+    # the in-situ runs of the training stage took no training
+    trains = [s for s in res["timings"]["stages"] if s["stage"] == "train" and "~" in s["model"]]
+    assert trains and all(s["reused"] and s["seconds"] == 0 for s in trains)
+
+
+# a tiny model that learns a task where position decides in seconds (tests/experiments)
+TRAIN = (
+    "model.dim=32", "model.depth=2", "model.heads=4", "data.image_size=16",
+    "data.object_scale=0.32", "model.ape_init_std=1.0", "train.lr=6e-3", "train.steps=300",
+    "train.batch_size=64", "train.eval_every=300", "train.eval_images=200",
+    'train.precision="fp32"', "data.n_val=500", "data.n_test=200", 'data.relation="quadrant"',
+    "data.n_content=1",
+)  # fmt: skip
+
+
+def _view(model: poslens.ViT, data: Any, exps: tuple[str, ...], tmp: Path) -> View:
+    """The rules' view of one model's headlines (one seed), as the study builds it."""
+    cfg = replace(preset("default"), n_images=200, probe_images=100)
+    ec = experiment_configs(cfg)
+    rec = analyze(model, data, list(exps), [ec[e] for e in exps], tmp, formats=())
+    agg = {e: {k: {"values": [v]} for k, v in r["headline"].items()} for e, r in rec.items()}
+    return View("m", {"posenc": model.cfg.posenc, "aggregate": agg,
+                      "runs": [{"experiments": {e: {} for e in exps}}]})  # fmt: skip
+
+
+def test_rules_see_a_planted_split_and_not_a_removed_one_in_a_model_never_trained_for_it(
+    tmp_path: Path,
+) -> None:
+    """A trained RoPE-Axial model under heads_axis_split (each head one axis) shows the split:
+    the other axis kept beyond random planes; under freqs_oblique (planes on the diagonals, split
+    by their pre-edit axes) removing either half costs both axes, below random planes. Shuffling
+    position across positions leaves the model nothing that removing position could take."""
+    from poslens.training.config import apply_overrides
+    from poslens.training.config import preset as run_preset
+    from poslens.training.train import train
+
+    metrics = train(apply_overrides(run_preset("rope_axial"), list(TRAIN)), tmp_path / "m",
+                    progress=False)  # fmt: skip
+    assert metrics["test"]["acc"] > 0.6  # chance 0.25: the model reads position
+    model, data = poslens.load(tmp_path / "m"), poslens.load_task(tmp_path / "m")
+    exps = ("position_removal", "axis_map")
+    effect = {}
+    for edit in ("heads_axis_split", "freqs_oblique"):
+        (v,) = rope_split_effect(_view(in_situ.edited(model, edit), data, exps, tmp_path)).values
+        effect[edit] = v
+    assert effect["heads_axis_split"] > 0.05 and effect["freqs_oblique"] < 0.0, effect
+    intact = position_effect(_view(model, data, ("position_removal",), tmp_path)).values[0]
+    shuffled = in_situ.edited(model, "position_shuffled")
+    (after,) = position_effect(_view(shuffled, data, ("position_removal",), tmp_path)).values
+    assert intact > 0.3 and abs(after) < 0.1, (intact, after)
