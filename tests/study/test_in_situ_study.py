@@ -59,11 +59,14 @@ def test_in_situ_runs_read_the_base_checkpoint_and_are_judged_as_controls(
     schema = json.loads(resources.files("poslens.study").joinpath("schema.json").read_text())
     jsonschema.validate(res, schema)
     assert len(list((out / "checkpoints").iterdir())) == 2  # ape and rope_axial, nothing more
-    names = set(res["models"])
-    assert {"ape~position_shuffled", "rope_axial~heads_axis_split",
-            "rope_axial~freqs_oblique", "rope_axial~position_shuffled"} <= names  # fmt: skip
+    # the APE edits' rules read sae_causal, which this study does not run: no APE edit
+    assert set(res["models"]) == {"ape", "rope_axial", "ape~position_shuffled",
+                                  "rope_axial~heads_axis_split", "rope_axial~freqs_oblique",
+                                  "rope_axial~position_shuffled"}  # fmt: skip
     for name, entry in res["models"].items():
-        base = name.partition("~")[0]
+        base, _, edit = name.partition("~")
+        assert entry.get("in_situ") == ({"of": base, "edit": edit, "role": in_situ.get(edit).role}
+                                        if edit else None)  # fmt: skip
         (run,) = entry["runs"]
         assert run["checkpoint"] == res["models"][base]["runs"][0]["checkpoint"]
     split = next(c for c in res["claims"] if c["id"] == "rope_planes_split.original")
@@ -74,6 +77,8 @@ def test_in_situ_runs_read_the_base_checkpoint_and_are_judged_as_controls(
     # the in-situ runs of the training stage took no training
     trains = [s for s in res["timings"]["stages"] if s["stage"] == "train" and "~" in s["model"]]
     assert trains and all(s["reused"] and s["seconds"] == 0 for s in trains)
+    summary = (out / "report.md").read_text()
+    assert "trained and analysed 2 models (ape, rope_axial) and 4 in-situ controls" in summary
 
 
 # a tiny model that learns a task where position decides in seconds (tests/experiments)

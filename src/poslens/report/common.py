@@ -248,12 +248,19 @@ def _reused_note(results: Mapping[str, Any]) -> str:
 def summary(results: Mapping[str, Any]) -> str:
     """The one-paragraph summary under the title: what ran, how long, and the verdict tally."""
     cfg = results.get("config") or {}
-    names = models(results)
+    everything = models(results)
+    entries = results.get("models") or {}
+    names = [m for m in everything if not (entries.get(m) or {}).get("in_situ")]
+    edited = len(everything) - len(names)
     seeds = cfg.get("seeds")
     wall = (results.get("timings") or {}).get("total_seconds")
+    verb = "analysed" if cfg.get("pretrained") else "trained and analysed"
     parts = [
-        f"This study trained and analysed {len(names)} model{'s' if len(names) != 1 else ''}"
-        f" ({', '.join(names) or NONE}) with {fmt_value(seeds)} seed"
+        f"This study {verb} {len(names)} model{'s' if len(names) != 1 else ''}"
+        f" ({', '.join(names) or NONE})"
+        + (f" and {edited} in-situ control{'s' * (edited != 1)} (those models' weights edited "
+           "to plant or remove a mechanism, named MODEL~EDIT)" if edited else "")
+        + f" with {fmt_value(seeds)} seed"
         f"{'s' if seeds != 1 else ''} each, preset {fmt_value(cfg.get('preset'))}"
         f", task {fmt_value(cfg.get('task'))}, in {fmt_duration(wall)} of wall time"
         + _reused_note(results)

@@ -208,6 +208,8 @@ def in_situ_edits(cfg: StudyConfig, run: RunPlan) -> dict[str, tuple[str, ...]]:
     for rule in RULES:
         if run.run_config is not None and run.model not in rule.study:
             continue
+        if rule.experiment not in cfg.experiments:  # nothing to judge the control on
+            continue
         for edit in rule.edits:
             if run.run_config is not None and not in_situ.get(edit).applies(run.run_config.model):
                 continue

@@ -88,6 +88,7 @@ def _run(plan: Plan, executor: Executor, progress: bool) -> dict[str, Any]:
             "runs": runs[m],
             "aggregate": aggregate(runs[m], cfg.experiments),
         }
+        | in_situ_entry(m)
         for m in runs
     }
     from poslens.study.figures import study_figures
@@ -113,6 +114,16 @@ def _run(plan: Plan, executor: Executor, progress: bool) -> dict[str, Any]:
 
     write_report(out, results)
     return results
+
+
+def in_situ_entry(model: str) -> dict[str, Any]:
+    """{"in_situ": {of, edit, role}} for an in-situ control's model name, else {}."""
+    from poslens.interventions import in_situ
+
+    base, edit = in_situ.split_name(model)
+    if edit is None:
+        return {}
+    return {"in_situ": {"of": base, "edit": edit, "role": in_situ.get(edit).role}}
 
 
 def cpu() -> dict[str, Any]:
