@@ -200,22 +200,18 @@ def edited(model: ViT, name: str) -> ViT:
 @contextlib.contextmanager
 def in_situ(model: ViT, name: str) -> Iterator[ViT]:
     """`model` under in-situ control `name` inside the block, restored after it (on error too)."""
-    state = {k: v.clone() for k, v in model.state_dict().items()}
-    cfg = model.cfg
-    rotary = model.rotary
-    saved = (rotary.freqs, rotary.shuffle_seed) if rotary is not None else None
+    state = {k: v.clone() for k, v in model.state_dict().items()}  # learned freqs included
+    cfg, rotary = model.cfg, model.rotary
+    fixed = (rotary.freqs, rotary.shuffle_seed) if rotary is not None else None
     try:
         yield apply(model, name)
     finally:
         model.cfg = cfg
-        if rotary is not None and saved is not None:
-            if isinstance(saved[0], torch.nn.Parameter):
-                with torch.no_grad():
-                    rotary.freqs.copy_(state["rotary.freqs"])
-            else:
-                rotary.freqs = saved[0]
-            rotary.shuffle_seed = saved[1]
         model.load_state_dict(state)
+        if rotary is not None and fixed is not None:  # what the state dict does not hold
+            if not isinstance(fixed[0], torch.nn.Parameter):
+                rotary.freqs = fixed[0]
+            rotary.shuffle_seed = fixed[1]
 
 
 __all__ = [
