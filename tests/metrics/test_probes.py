@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from poslens.metrics.probes import fit_position_probes, position_labels, split_images
@@ -41,3 +42,27 @@ def test_shuffled_label_control_sits_at_chance() -> None:
     feats = torch.eye(16)[None, None].repeat(1, 30, 1, 1)
     res = fit_position_probes(feats, 4, 4, shuffle_labels=True, max_iter=100)
     assert res.test_acc[0, 0] < 0.2
+
+
+def test_a_large_problem_is_fitted_in_groups_of_sites_with_the_same_answers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Over MAX_LOGITS the sites are fitted in groups: the merged probes are exactly those of
+    each group fitted alone, score other activations the same way, and decode what the joint fit
+    decodes (separable losses: only the line searches differ)."""
+    from poslens.metrics import probes
+
+    g = torch.Generator().manual_seed(3)
+    code = torch.eye(16)[None, None].repeat(3, 30, 1, 1)
+    feats = code * torch.tensor([1.0, 0.3, 0.1])[:, None, None, None]
+    feats = feats + 0.2 * torch.randn(3, 30, 16, 16, generator=g)
+    joint = probes.fit_probes(feats, 4, 4)
+    monkeypatch.setattr(probes, "MAX_LOGITS", 1)  # one site per group
+    grouped = probes.fit_probes(feats, 4, 4)
+    for i in range(3):
+        alone = probes.fit_probes(feats[i : i + 1], 4, 4)
+        np.testing.assert_array_equal(grouped.result.test_acc[i], alone.result.test_acc[0])
+        for t in range(3):
+            torch.testing.assert_close(grouped.weights[t][i], alone.weights[t][0])
+    np.testing.assert_allclose(grouped.result.test_acc, joint.result.test_acc, atol=0.1)
+    np.testing.assert_allclose(grouped.score(feats), grouped.result.test_acc, atol=1e-6)

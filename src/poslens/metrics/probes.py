@@ -27,6 +27,9 @@ import torch.nn.functional as F
 TARGETS = ("exact", "row", "col")
 DEFAULT_L2 = (1e-4, 1e-3, 1e-2)
 WHITEN_EPS = 1e-3  # added to the eigenvalues of the standardised covariance (mean eigenvalue ~1)
+# at most this many logits in one L-BFGS problem (float32: 200 MB per copy); larger problems are
+# fitted in groups of sites. The default study's fits are far below it (0.6 M).
+MAX_LOGITS = 50_000_000
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,29 @@ class PositionProbes:
         return torch.stack(acc, dim=-1).numpy()
 
 
+def _concat(parts: list[PositionProbes]) -> PositionProbes:
+    """Probes fitted on consecutive groups of sites (the same images and split) as one."""
+    first = parts[0]
+    cat = lambda xs: np.concatenate(xs)  # noqa: E731
+    result = ProbeResult(
+        test_acc=cat([p.result.test_acc for p in parts]),
+        val_acc=cat([p.result.val_acc for p in parts]),
+        l2=cat([p.result.l2 for p in parts]),
+        chance=first.result.chance,
+        n_images=first.result.n_images,
+    )
+    return PositionProbes(
+        result,
+        torch.cat([p.mu_L11D for p in parts]),
+        torch.cat([p.sd_L11D for p in parts]),
+        torch.cat([p.white_LDD for p in parts]),
+        tuple(torch.cat([p.weights[t] for p in parts]) for t in range(len(TARGETS))),
+        first.test_idx,
+        first.n_images,
+        first.grid,
+    )
+
+
 def fit_position_probes(
     feats: torch.Tensor,
     gh: int,
@@ -136,12 +162,22 @@ def fit_probes(
     shuffle_labels: bool = False,
     max_iter: int = 25,
 ) -> PositionProbes:
-    """fit_position_probes, keeping the fitted probes (PositionProbes) to read other activations."""
+    """fit_position_probes, keeping the fitted probes (PositionProbes) to read other activations.
+
+    A problem whose logits would exceed MAX_LOGITS numbers (a ViT-B's 13 sites x 196 cells x
+    thousands of tokens) is fitted in groups of sites, each its own L-BFGS problem: the losses
+    are separable, so only the line searches differ, and memory stays bounded."""
     L, n, T, D = feats.shape
     if T != gh * gw:
         raise ValueError(f"{T} tokens do not fit a {gh}x{gw} grid")
     if n < 5:
         raise ValueError(f"need at least 5 images to split 60/20/20, got {n}")
+    per_site = len(l2) * int(0.6 * n) * T * (gh * gw + gh + gw)  # logits of one site
+    group = max(1, MAX_LOGITS // per_site)
+    if L > group:
+        parts = [fit_probes(feats[i : i + group], gh, gw, seed, l2, shuffle_labels, max_iter)
+                 for i in range(0, L, group)]  # fmt: skip
+        return _concat(parts)
     tr, va, te = split_images(n, seed)
     labels = position_labels(gh, gw)  # [T, 3]
     sizes = (gh * gw, gh, gw)
