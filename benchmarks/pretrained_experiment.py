@@ -1,0 +1,112 @@
+"""Where a pretrained experiment's time goes: forward passes, caching, probe fits and the rest,
+against timm's own forward of the same images on the same device, in the same run.
+
+A timm model with random weights (pretrained=False, no download) is saved to a temporary file and
+studied through the user's route (poslens.load("timm:NAME", weights=...), an image folder of
+random RGB images); each experiment runs once under cProfile, and the profile is split by
+function: poslens' model forward (ViT.forward and run_with_cache, cumulative), of which the
+hook points' own work (hooks.py), the probe fits (metrics.probes.fit_probes) and everything else
+(statistics, interventions, SAE training, plots). Peak resident memory of the process is
+reported after each experiment. The timm forward is the same images, batched as the experiment
+batches them, no_grad.
+
+    python benchmarks/pretrained_experiment.py [--model vit_tiny_patch16_224]
+        [--experiments depth_profile,position_removal,heads] [--images 100] [--threads 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+from safetensors.torch import save_file
+
+import poslens
+from poslens.experiments.analyze import analyze
+from poslens.experiments.registry import configs
+
+
+def image_folder(root: Path, n: int, classes: int = 5) -> Path:
+    """n random 256 x 256 RGB images in `classes` class folders named by class index."""
+    rng = np.random.default_rng(0)
+    for i in range(n):
+        d = root / str(i % classes)
+        d.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(rng.integers(0, 256, (256, 256, 3), dtype=np.uint8)).save(d / f"{i}.png")
+    return root
+
+
+def cumulative(stats: pstats.Stats, pred) -> float:  # type: ignore[no-untyped-def]
+    """The largest cumulative time of the functions matching pred(file, name): the outermost
+    call of a recursive or nested family."""
+    best = 0.0
+    for (file, _line, name), (_cc, _nc, _tt, ct, _callers) in stats.stats.items():  # type: ignore[attr-defined]
+        if pred(file, name):
+            best = max(best, ct)
+    return best
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="vit_tiny_patch16_224")
+    ap.add_argument("--experiments", default="depth_profile,position_removal,heads")
+    ap.add_argument("--images", type=int, default=100)
+    ap.add_argument("--batch", type=int, default=50)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    import timm
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp_path = Path(tmp)
+        torch.manual_seed(0)
+        tm = timm.create_model(args.model, pretrained=False).eval()
+        weights = tmp_path / "w.safetensors"
+        save_file({k: v.contiguous() for k, v in tm.state_dict().items()}, str(weights))
+        folder = image_folder(tmp_path / "images", 2 * args.images)
+        spec = f"timm:{args.model}"
+        model = poslens.load(spec, weights=weights)
+        data = poslens.load_images(folder, spec, model)
+        x, _ = data.split("test")
+        x = x[: args.images]
+        with torch.no_grad():
+            t = time.perf_counter()
+            for i in range(0, len(x), args.batch):
+                tm(x[i : i + args.batch])
+            timm_s = time.perf_counter() - t
+        print(f"{args.model}, {args.images} images at {model.cfg.image_size} px, {args.threads} "
+              f"thread(s), torch {torch.__version__}; timm forward of the images: {timm_s:.2f} s")  # fmt: skip
+        print("| experiment | total s | model forward s | of it hooks s | probe fits s | rest s "
+              "| forward / timm's | peak RSS GB |")  # fmt: skip
+        print("|---|---|---|---|---|---|---|---|")
+        names = args.experiments.split(",")
+        common = {"n_images": args.images, "probe_images": args.images, "batch_size": args.batch}
+        cfgs = configs(names, common, {})
+        for name in names:
+            prof = cProfile.Profile()
+            t = time.perf_counter()
+            prof.enable()
+            analyze(model, data, [name], [cfgs[name]], tmp_path / name, formats=())
+            prof.disable()
+            total = time.perf_counter() - t
+            st = pstats.Stats(prof)
+            fwd = cumulative(st, lambda f, n: f.endswith("models/vit.py") and n == "forward")
+            hooks = cumulative(st, lambda f, n: f.endswith("models/hooks.py") and n == "hook")
+            probes = cumulative(st, lambda f, n: f.endswith("metrics/probes.py") and n == "fit_probes")
+            rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
+            print(f"| {name} | {total:.1f} | {fwd:.1f} | {hooks:.1f} | {probes:.1f} | "
+                  f"{total - fwd - probes:.1f} | {fwd / timm_s:.1f}x | {rss:.1f} |")  # fmt: skip
+            sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
