@@ -291,3 +291,21 @@ def test_random_planes_at_one_axis_count_run_whatever_n_planes_lists() -> None:
     names = [c[0] for c in position_removal.conditions(m, position_removal.Config(n_planes=(2,)))]
     assert "random_8/0" in names and "random_2/0" in names
     assert not any(n.startswith("random_4") for n in names)
+
+
+def test_random_planes_are_drawn_among_the_planes_that_rotate() -> None:
+    """Removing a plane that does not turn removes nothing, so random planes come only from the
+    rotating ones (as many as there are); with every plane rotating the draw is unchanged."""
+    from poslens.experiments.conditions import random_mask
+    from poslens.interventions import in_situ
+    from poslens.interventions.rotary import axis_map
+
+    m = tiny("rope_axial", heads=4)
+    every = torch.ones(m.cfg.depth, 4, m.cfg.head_dim // 2, dtype=torch.bool)
+    assert torch.equal(random_mask(m, 2, seed=5, among=every), random_mask(m, 2, seed=5))
+    split = in_situ.edited(m, "heads_axis_split")  # half of every head's planes stopped
+    turning = torch.as_tensor(axis_map(split).axis != "none")
+    for n in (1, 2, 3):
+        mask = random_mask(split, n, seed=5, among=turning)
+        assert not (mask & ~turning).any()
+        assert (mask.sum(-1) == torch.minimum(torch.tensor(n), turning.sum(-1))).all()

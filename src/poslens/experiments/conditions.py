@@ -50,14 +50,22 @@ def planes_off(mask: torch.Tensor, blocks: Iterable[int] | None = None) -> Condi
     return lambda m: rotary_mask(m, planes=mask, blocks=blocks)
 
 
-def random_mask(model: ViT, n: int, seed: int) -> torch.Tensor:
-    """[depth, H, P]: n random planes per block and head, from a seeded generator."""
+def random_mask(
+    model: ViT, n: int, seed: int, among: torch.Tensor | None = None
+) -> torch.Tensor:
+    """[depth, H, P]: n random planes per block and head, from a seeded generator; with `among`
+    ([depth, H, P] bool) only from those planes (e.g. the ones that rotate: removing a plane
+    that does not turn removes nothing), as many as there are where fewer. With every plane
+    allowed the draw is the same as without `among`."""
     cfg, P = model.cfg, num_planes(model)
     g = torch.Generator().manual_seed(seed)
     mask = torch.zeros(cfg.depth, cfg.heads, P, dtype=torch.bool)
     for b in range(cfg.depth):
         for h in range(cfg.heads):
-            mask[b, h, torch.randperm(P, generator=g)[:n]] = True
+            order = torch.randperm(P, generator=g)
+            if among is not None:
+                order = order[among[b, h, order]]
+            mask[b, h, order[:n]] = True
     return mask
 
 

@@ -199,6 +199,7 @@ def conditions(model: ViT, cfg: Config) -> list[tuple[str, Condition, dict[str, 
         # rule compares each axis with exactly that count (16 at head dim 64)
         per_axis = axis_planes_per_head(model, axes)
         own = {per_axis} if 0 < per_axis <= P else set()
+        turning = torch.as_tensor(amap.axis != "none")  # random planes: only ones that rotate
         for n in sorted({n for n in cfg.n_planes if n <= P} | own):
             out.append(
                 (
@@ -208,7 +209,7 @@ def conditions(model: ViT, cfg: Config) -> list[tuple[str, Condition, dict[str, 
                 )
             )
             for d in range(cfg.draws):
-                mask = random_mask(model, n, seed=cfg.seed * 1000 + 17 * n + d)
+                mask = random_mask(model, n, seed=cfg.seed * 1000 + 17 * n + d, among=turning)
                 meta = {"kind": "random", "n": n, "draw": d}
                 out.append((f"{random_condition(n)}/{d}", planes_off(mask), meta))
     return out
