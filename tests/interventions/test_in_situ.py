@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from poslens.errors import UserError
+from poslens.experiments.axis_map import fraction_aligned
 from poslens.interventions import in_situ as ins
 from poslens.interventions.position import seeded_permutation
 from poslens.interventions.rotary import axis_map, pre_rotation_axes
@@ -43,9 +44,11 @@ def test_heads_axis_split_leaves_each_head_one_axis(posenc: str) -> None:
         assert kept.numel() > 0
         assert bool((~kept).all()) if h % 2 == 0 else bool(kept.all())  # even: row, odd: column
     if posenc == "rope_axial":  # the angles the model uses say the same
-        axes = axis_map(m).axis
-        assert set(axes[:, 0::2].ravel()) == {"row", "none"}
-        assert set(axes[:, 1::2].ravel()) == {"col", "none"}
+        amap = axis_map(m)
+        assert set(amap.axis[:, 0::2].ravel()) == {"row", "none"}
+        assert set(amap.axis[:, 1::2].ravel()) == {"col", "none"}
+        # every plane that still turns follows one axis (the stopped ones are not counted)
+        assert fraction_aligned(amap.counts()) == 1.0 and amap.counts()["none"] > 0
 
 
 def test_oblique_edit_turns_every_plane_off_the_axes_and_keeps_its_pre_edit_axis() -> None:

@@ -49,8 +49,10 @@ def initial_axis_map(model: ViT) -> tuple[AxisMap | None, str]:
 
 
 def fraction_aligned(counts: dict[str, int]) -> float:
-    """Share of the planes that follow one axis (row or col) in an AxisMap's counts."""
-    total = sum(counts.values())
+    """Share of the rotating planes that follow one axis (row or col) in an AxisMap's counts; a
+    plane that does not turn ("none": a stopped plane, a block without rotations) follows no
+    axis and is not counted."""
+    total = counts["row"] + counts["col"] + counts["mixed"]
     return (counts["row"] + counts["col"]) / total if total else 0
 
 

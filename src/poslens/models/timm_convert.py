@@ -31,7 +31,7 @@ from torch import nn
 
 from poslens._timm import import_timm
 from poslens.errors import CheckpointError, ConfigError, UserError
-from poslens.io import check_state_dict, load_tensors
+from poslens.io import check_state_dict, load_tensors, read_json
 from poslens.models.config import ModelConfig
 from poslens.models.vit import ViT
 
@@ -62,6 +62,29 @@ def load_timm_weights(model: nn.Module, name: str, path: str | Path) -> None:
     state = load_tensors(path)
     check_state_dict(state, model.state_dict(), f"{path} (does not fit timm:{name})")
     model.load_state_dict(state)
+
+
+# the timm shape arguments of weights that `poslens export --timm` wrote (models/timm_export.py):
+# FILE.timm.json beside FILE.safetensors
+KWARGS_SUFFIX = ".timm.json"
+
+
+def kwargs_file(weights: str | Path) -> Path:
+    """Where the timm shape arguments of an exported weights file live."""
+    p = Path(weights)
+    return p.with_name(p.name.removesuffix(".safetensors") + KWARGS_SUFFIX)
+
+
+def read_kwargs(weights: str | Path) -> dict[str, Any]:
+    """The timm shape arguments written beside `weights` by `export_timm` ({} if none)."""
+    f = kwargs_file(weights)
+    if not f.is_file():
+        return {}
+    doc = read_json(f, "timm arguments")
+    kwargs = doc.get("kwargs") if isinstance(doc, dict) else None
+    if not isinstance(kwargs, dict):
+        raise UserError(f"{f} has no 'kwargs' object")
+    return kwargs
 
 
 def _unsupported(name: str, what: str) -> UserError:
@@ -345,8 +368,6 @@ def load_timm(name: str, weights: str | Path, device: str = "cpu", **timm_kwargs
     `timm_kwargs` go to timm.create_model (for example depth=2 for a truncated model), after
     the shape arguments that `poslens export --timm` wrote beside the weights (timm_export).
     """
-    from poslens.models.timm_export import read_kwargs
-
     hub = str(weights) == "hub"
     if not hub:
         timm_kwargs = read_kwargs(weights) | timm_kwargs

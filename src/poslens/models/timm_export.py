@@ -27,31 +27,19 @@ from torch import nn
 from poslens.errors import UserError
 from poslens.io import save_tensors, write_json
 from poslens.models.config import ModelConfig
+from poslens.models.timm_convert import (
+    KWARGS_SUFFIX,
+    check_rotary,
+    convert,
+    create_timm,
+    import_timm,
+    kwargs_file,
+    read_kwargs,
+)
 from poslens.models.vit import ViT
 
-KWARGS_SUFFIX = ".timm.json"  # beside FILE.safetensors: FILE.timm.json
 EXPORTABLE = ("ape", "none", "rope_axial")
 LAYER_SCALE = ("gamma_1", "gamma_2", "ls1.gamma", "ls2.gamma")
-
-
-def kwargs_file(weights: str | Path) -> Path:
-    """Where the timm shape arguments of an exported weights file live."""
-    p = Path(weights)
-    return p.with_name(p.name.removesuffix(".safetensors") + KWARGS_SUFFIX)
-
-
-def read_kwargs(weights: str | Path) -> dict[str, Any]:
-    """The timm shape arguments written beside `weights` by `export_timm` ({} if none)."""
-    f = kwargs_file(weights)
-    if not f.is_file():
-        return {}
-    from poslens.io import read_json
-
-    doc = read_json(f, "timm arguments")
-    kwargs = doc.get("kwargs") if isinstance(doc, dict) else None
-    if not isinstance(kwargs, dict):
-        raise UserError(f"{f} has no 'kwargs' object")
-    return kwargs
 
 
 def timm_kwargs(cfg: ModelConfig) -> dict[str, Any]:
@@ -132,8 +120,6 @@ def timm_name_for(cfg: ModelConfig) -> str:
 def to_timm(model: ViT, name: str | None = None) -> tuple[nn.Module, dict[str, Any]]:
     """The timm model `name` (default timm_name_for) holding `model`'s weights, and the
     arguments that built it; checked by converting it back and by timm's own forward."""
-    from poslens.models.timm_convert import check_rotary, convert, create_timm, import_timm
-
     cfg = model.cfg
     name = name or timm_name_for(cfg)
     kwargs = timm_kwargs(cfg)
