@@ -85,7 +85,7 @@ def main() -> None:
             timm_s = time.perf_counter() - t
         print(f"{args.model}, {args.images} images at {model.cfg.image_size} px, {args.threads} "
               f"thread(s), torch {torch.__version__}; timm forward of the images: {timm_s:.2f} s")  # fmt: skip
-        print("| experiment | total s | model forward s | of it hooks s | probe fits s | rest s "
+        print("| experiment | total s | model forward s | of it hook callbacks s | probe fits s | rest s "
               "| forward / timm's | peak RSS GB |")  # fmt: skip
         print("|---|---|---|---|---|---|---|---|")
         names = args.experiments.split(",")
