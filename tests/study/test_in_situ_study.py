@@ -126,3 +126,19 @@ def test_rules_see_a_planted_split_and_not_a_removed_one_in_a_model_never_traine
     shuffled = in_situ.edited(model, "position_shuffled")
     (after,) = position_effect(_view(shuffled, data, ("position_removal",), tmp_path)).values
     assert intact > 0.3 and abs(after) < 0.1, (intact, after)
+
+
+def test_cli_no_in_situ_leaves_them_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import poslens.study
+    from poslens.cli import main
+
+    seen: list[bool] = []
+
+    def fake_run_study(cfg, out, **kw):  # type: ignore[no-untyped-def]
+        seen.append(cfg.in_situ)
+        return {"claims": [], "timings": {"total_seconds": 0.0}}
+
+    monkeypatch.setattr(poslens.study, "run_study", fake_run_study)
+    for extra in ([], ["--no-in-situ"]):
+        main(["study", "--preset", "quick", "--no-progress", "--out", str(tmp_path / "s"), *extra])
+    assert seen == [True, False]

@@ -357,6 +357,8 @@ def cmd_study(args: argparse.Namespace) -> int:
     from poslens.study import preset, run_study
 
     changes: dict[str, object] = {"precision": args.precision}
+    if args.no_in_situ:
+        changes["in_situ"] = False
     if args.pretrained:
         if args.models is not None:
             raise UserError("--models names encodings to train; --pretrained replaces them")

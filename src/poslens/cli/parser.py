@@ -186,6 +186,12 @@ def build_parser(prog: str = "poslens") -> argparse.ArgumentParser:
         default="fp32",
         help="the experiments' forward passes (bf16/fp16 under torch.autocast)",
     )
+    sy.add_argument(
+        "--no-in-situ",
+        action="store_true",
+        help="leave out the in-situ controls (the studied models' weights edited to plant or "
+        "remove each mechanism); a pretrained study then has no controls",
+    )
     sy.add_argument("--out", required=True, help="output folder (reused to continue)")
     sy.add_argument("--device", default="cpu", help=DEVICE_HELP)
     sy.add_argument(
