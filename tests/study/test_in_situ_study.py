@@ -19,6 +19,7 @@ from poslens.interventions import in_situ
 from poslens.study import preset, run_study
 from poslens.study.plan import experiment_configs, in_situ_edits, make_plan
 from poslens.study.rules import View, position_effect, rope_split_effect
+from tests.experiments.test_sae_causal import TINY_TRAIN
 from tests.study.test_study import TINY_STUDY
 
 
@@ -81,14 +82,8 @@ def test_in_situ_runs_read_the_base_checkpoint_and_are_judged_as_controls(
     assert "trained and analysed 2 models (ape, rope_axial) and 4 in-situ controls" in summary
 
 
-# a tiny model that learns a task where position decides in seconds (tests/experiments)
-TRAIN = (
-    "model.dim=32", "model.depth=2", "model.heads=4", "data.image_size=16",
-    "data.object_scale=0.32", "model.ape_init_std=1.0", "train.lr=6e-3", "train.steps=300",
-    "train.batch_size=64", "train.eval_every=300", "train.eval_images=200",
-    'train.precision="fp32"', "data.n_val=500", "data.n_test=200", 'data.relation="quadrant"',
-    "data.n_content=1",
-)  # fmt: skip
+# the tiny quadrant-task model of tests/experiments, with four heads (two per axis when split)
+TRAIN = (*TINY_TRAIN, "model.heads=4")
 
 
 def _view(model: poslens.ViT, data: Any, exps: tuple[str, ...], tmp: Path) -> View:
