@@ -66,3 +66,47 @@ def test_a_large_problem_is_fitted_in_groups_of_sites_with_the_same_answers(
             torch.testing.assert_close(grouped.weights[t][i], alone.weights[t][0])
     np.testing.assert_allclose(grouped.result.test_acc, joint.result.test_acc, atol=0.1)
     np.testing.assert_allclose(grouped.score(feats), grouped.result.test_acc, atol=1e-6)
+
+
+def test_the_written_out_gradients_equal_autograd_through_cross_entropy() -> None:
+    """Parity at random weights: the probes' objective and its hand-written gradients against
+    the same loss through autograd and F.cross_entropy (weights [R, L, D+1, C])."""
+    from poslens.metrics.probes import objective
+
+    g = torch.Generator().manual_seed(5)
+    L, M, D, R, sizes = 2, 40, 6, 3, (16, 4, 4)
+    x = torch.cat([torch.randn(L, M, D, generator=g), torch.ones(L, M, 1)], dim=-1)
+    y = position_labels(4, 4).repeat(M // 16 + 1, 1)[:M]
+    lam = torch.tensor([1e-4, 1e-2, 0.3])
+    ref = [(0.5 * torch.randn(R, L, D + 1, c, generator=g)).requires_grad_() for c in sizes]
+    total = torch.zeros(())
+    for t, w in enumerate(ref):
+        logits = torch.einsum("lmd,rldc->rlmc", x, w)
+        ce = torch.nn.functional.cross_entropy(
+            logits.flatten(0, 2), y[:, t].repeat(R * L), reduction="none"
+        ).view(R, L, -1).mean(-1)
+        total = total + (ce + lam[:, None] * (w[:, :, :-1] ** 2).sum(dim=(2, 3))).sum()
+    total.backward()
+    # the same weights in objective's layout [L, R*C, D+1]
+    to_rows = lambda w: w.detach().permute(1, 0, 3, 2).reshape(L, -1, D + 1)  # noqa: E731
+    value, grads = objective([to_rows(w) for w in ref], x, y, lam)
+    torch.testing.assert_close(value, total.detach(), rtol=1e-5, atol=1e-5)
+    for w, grad in zip(ref, grads, strict=True):
+        torch.testing.assert_close(grad, to_rows(w.grad), rtol=1e-4, atol=1e-6)
+
+
+def test_identical_inputs_reuse_the_fit_and_any_change_refits() -> None:
+    from poslens.metrics import probes
+
+    g = torch.Generator().manual_seed(6)
+    feats = torch.eye(16)[None, None] + 0.5 * torch.randn(1, 30, 16, 16, generator=g)
+    first = probes.fit_probes(feats, 4, 4)
+    assert probes.fit_probes(feats.clone(), 4, 4) is first  # same bytes: the same fit
+    other_seed = probes.fit_probes(feats, 4, 4, seed=1)
+    assert other_seed is not first
+    assert not np.array_equal(other_seed.test_idx, first.test_idx)
+    nudged = feats.clone()
+    nudged[0, 0, 0, 0] += 1e-3
+    assert probes.fit_probes(nudged, 4, 4) is not first
+    shuffled = probes.fit_probes(feats, 4, 4, shuffle_labels=True)
+    assert shuffled.result.test_acc[0, 0] < first.result.test_acc[0, 0]
