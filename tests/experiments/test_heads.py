@@ -7,6 +7,7 @@ ablation."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 from pathlib import Path
 
@@ -20,6 +21,8 @@ from poslens.errors import ConfigError
 from poslens.experiments import EXPERIMENTS, get, heads
 from poslens.experiments.heads.config import window_last
 from poslens.experiments.heads.result import (
+    AXIS_PREFERENCE_PERMUTED,
+    AXIS_PREFERENCE_RELATIVE,
     EXCESS,
     EXCESS_ACCURACY,
     HELD_OUT,
@@ -369,6 +372,16 @@ def test_verdict_and_consistency(planted_result: heads.Heads) -> None:
     assert corr["carrying_vs_abs_spec/block_head"]["n"] == HEADS
     # block 0: planted heads carry position and are specialized, uniform ones neither
     assert corr["carrying_vs_abs_spec/block_head"]["spearman"] > 0.5
+    # the null: the same preferences against permuted specialisations, seeded by the analysis
+    # seed (the same seed, the same permutation; another seed, another)
+    pref, null = (f"{m}/block_head" for m in (AXIS_PREFERENCE_RELATIVE, AXIS_PREFERENCE_PERMUTED))
+    if pref in corr:
+        assert corr[null]["n"] == corr[pref]["n"]
+        again = dataclasses.replace(planted_result, seed=planted_result.seed).consistency()
+        assert again[null] == corr[null]
+        others = {json.dumps(dataclasses.replace(planted_result, seed=s).consistency()[null])
+                  for s in range(6)}  # fmt: skip
+        assert len(others) > 1
 
 
 # ---------------------------------------------------------- held-out top rebuilder and its null

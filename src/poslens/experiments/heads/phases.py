@@ -401,4 +401,5 @@ def run(
         notes=plan.notes,
         margins={k: r.margin for k, r in per_image.items()},
         correct={k: r.correct.astype(float) for k, r in per_image.items()},
+        seed=cfg.seed,
     )

@@ -121,6 +121,7 @@ class Heads(Header):
     # verdict(), not saved.
     margins: dict[str, np.ndarray] = field(default_factory=dict, repr=False, compare=False)
     correct: dict[str, np.ndarray] = field(default_factory=dict, repr=False, compare=False)
+    seed: int = 0  # the analysis seed: the permutation of the consistency null
 
     @property
     def depth(self) -> int:
@@ -183,6 +184,9 @@ class Heads(Header):
                     for r, c in zip(row_rb, col_rb, strict=True)
                 ]
                 out[f"{AXIS_PREFERENCE_RELATIVE}/{kind}"] = correlation(rel, spec)
+                # the null: the same preferences against the specialisations of other heads
+                perm = np.random.default_rng([PERMUTATION_SEED, self.seed]).permutation(len(spec))
+                out[f"{AXIS_PREFERENCE_PERMUTED}/{kind}"] = correlation(rel, [spec[i] for i in perm])
         return out
 
     def relative_excess(self, r: Rebuild) -> float:
@@ -352,6 +356,9 @@ def _block_head(unit: Unit | Rebuild | ConditionResult) -> tuple[int | None, int
 # ------------------------------------------------------------------------------ headline keys
 CONSISTENCY = "consistency"
 AXIS_PREFERENCE_RELATIVE = "axis_preference_relative_vs_spec"  # a consistency measure
+# the same correlation with the heads' specialisations permuted (seeded by the analysis seed)
+AXIS_PREFERENCE_PERMUTED = "axis_preference_relative_vs_permuted_spec"
+PERMUTATION_SEED = 29
 
 
 def consistency_key(measure: str, kind: str, stat: str = "pearson") -> str:
