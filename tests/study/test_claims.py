@@ -117,11 +117,12 @@ def windows(retention: float, relative: float, n: int = SEEDS) -> Agg:
     return {"windows": w}
 
 
-def heads(excess: float, null: float, r: float, n: int = SEEDS) -> Agg:
+def heads(excess: float, null: float, r: float, n: int = SEEDS, permuted: float = 0.0) -> Agg:
     return {"heads": {
         hd.held_out_key(UNITS, hd.EXCESS_ACCURACY): jitter(excess, n),
         hd.held_out_key(UNITS, hd.NULL_EXCESS_ACCURACY): jitter(null, n),
         hd.consistency_key(hd.AXIS_PREFERENCE_RELATIVE, UNITS): jitter(r, n),
+        hd.consistency_key(hd.AXIS_PREFERENCE_PERMUTED, UNITS): jitter(permuted, n),
     }}  # fmt: skip
 
 

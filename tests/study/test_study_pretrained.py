@@ -225,3 +225,76 @@ def test_cli_study_on_a_pretrained_model(
     assert "not found" in capsys.readouterr().err and not bad.exists()
     assert main(["study", "--pretrained", f"timm:{ROPE}={weights[ROPE]}", "--out", str(bad)]) == 2
     assert "--data" in capsys.readouterr().err and not bad.exists()
+
+
+def test_rebuild_fine_tune_controls_on_a_pretrained_rope_model(
+    sources: tuple[Path, dict[str, Path]], tmp_path: Path
+) -> None:
+    """study.finetune_steps: the RoPE model's weights fine-tuned two ways on the study's val
+    images, as controls of the rebuild claim; steps and learning rate in results.json, the tuned
+    weights kept in the run folder and reused; without it, the claim says how it is calibrated."""
+    from poslens.study.stages import TUNED_FILE
+
+    images, weights = sources
+    cfg = _cfg(images, {ROPE: weights[ROPE]}, seeds=1, experiments=("windows",), only=(),
+               analysis_set=("windows.prefix_ks=0", "windows.axis_windows=false",
+                             "windows.probe_curves=false"),
+               finetune_steps=4, finetune_lr=3e-4, finetune_batch=8)  # fmt: skip
+    out = tmp_path / "out"
+    res = run_study(cfg, out, progress=False, jobs=1)
+    tuned = {f"{ROPE}~finetune_held_out": "held_out", f"{ROPE}~finetune_late": "late"}
+    assert set(tuned) <= set(res["models"])
+    for name, windows in tuned.items():
+        assert res["models"][name]["in_situ"]["edit"] == f"finetune_{windows}"
+        (run,) = res["models"][name]["runs"]
+        ft = run["pretrained"]["finetune"]
+        assert (ft["windows"], ft["steps"], ft["lr"], ft["batch_size"]) == (windows, 4, 3e-4, 8)
+        assert ft["images"] == 40 and "windows" in run["experiments"]
+        assert (out / "runs" / name / "seed0" / TUNED_FILE).is_file()
+    for claim in (c for c in res["claims"] if c["claim"] == "rope_rebuilds"):
+        rows = {r["model"]: r["role"] for r in claim["calibration"]["controls"]}
+        assert rows == {f"{ROPE}~finetune_held_out": "positive", f"{ROPE}~finetune_late": "negative"}
+    # the same command again: every stage reused, the fine-tune not redone
+    stamp = (out / "runs" / f"{ROPE}~finetune_late" / "seed0" / TUNED_FILE).stat().st_mtime_ns
+    again = run_study(cfg, out, progress=False, jobs=1)
+    assert all(s["reused"] for s in again["timings"]["stages"])
+    assert (out / "runs" / f"{ROPE}~finetune_late" / "seed0" / TUNED_FILE).stat().st_mtime_ns == stamp
+    # without fine-tunes: no such controls, and the verdict says what could calibrate it
+    plain = run_study(replace(cfg, finetune_steps=0), tmp_path / "plain", progress=False, jobs=1)
+    assert not any("finetune" in m for m in plain["models"])
+    rebuild = next(c for c in plain["claims"] if c["id"] == "rope_rebuilds.original")
+    assert "--rebuild-finetune" in json.dumps(rebuild)
+    with pytest.raises(ConfigError, match="study.finetune_steps"):
+        replace(preset("default"), finetune_steps=5)
+
+
+def test_cli_rebuild_finetune_needs_pretrained_models(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from poslens.cli import main
+
+    assert main(["study", "--rebuild-finetune", "5", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--rebuild-finetune goes with --pretrained" in err[0]
+    assert not (tmp_path / "o").exists()
+
+
+def test_cli_fine_tune_options_reach_the_study_config(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import poslens.study
+    from poslens.cli import main
+
+    seen: list[tuple[int, float, int]] = []
+
+    def fake_run_study(cfg, out, **kw):  # type: ignore[no-untyped-def]
+        seen.append((cfg.finetune_steps, cfg.finetune_lr, cfg.finetune_batch))
+        return {"claims": [], "timings": {"total_seconds": 0.0}}
+
+    monkeypatch.setattr(poslens.study, "run_study", fake_run_study)
+    base = ["study", "--pretrained", f"timm:{ROPE}=w.safetensors", "--data", "imgs", "--no-progress",
+            "--out", str(tmp_path / "s")]  # fmt: skip
+    assert main(base) == 0
+    assert main([*base, "--rebuild-finetune", "300", "--finetune-lr", "3e-5",
+                 "--finetune-batch", "16"]) == 0  # fmt: skip
+    assert seen == [(0, 1e-4, 32), (300, 3e-5, 16)]

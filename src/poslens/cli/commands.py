@@ -359,6 +359,14 @@ def cmd_study(args: argparse.Namespace) -> int:
     changes: dict[str, object] = {"precision": args.precision}
     if args.no_in_situ:
         changes["in_situ"] = False
+    if args.rebuild_finetune:
+        if not args.pretrained:
+            raise UserError(
+                "--rebuild-finetune goes with --pretrained: a trained study calibrates the rebuild "
+                "claim on models trained for it (rope_rebuild, rope_late)"
+            )
+        changes |= {"finetune_steps": args.rebuild_finetune, "finetune_lr": args.finetune_lr,
+                    "finetune_batch": args.finetune_batch}  # fmt: skip
     if args.pretrained:
         if args.models is not None:
             raise UserError("--models names encodings to train; --pretrained replaces them")

@@ -178,7 +178,8 @@ def build_parser(prog: str = "poslens") -> argparse.ArgumentParser:
     sy.add_argument(
         "--data",
         help="task: relation, animals (default relation); with --pretrained: an image folder "
-        "(class subfolders) or a datasets directory (DIR or DIR::SPLIT)",
+        "(class subfolders), a datasets directory (DIR or DIR::SPLIT), or task:CHECKPOINT (a "
+        "poslens checkpoint's own task, for a model exported with `poslens export`)",
     )
     sy.add_argument(
         "--precision",
@@ -191,6 +192,22 @@ def build_parser(prog: str = "poslens") -> argparse.ArgumentParser:
         action="store_true",
         help="leave out the in-situ controls (the studied models' weights edited to plant or "
         "remove each mechanism); a pretrained study then has no controls",
+    )
+    sy.add_argument(
+        "--rebuild-finetune",
+        type=int,
+        default=0,
+        metavar="STEPS",
+        help="with --pretrained: calibrate the rebuild claim on the studied RoPE weights "
+        "fine-tuned STEPS steps on --data's images, rotations withheld in held-out windows "
+        "(positive) or in late blocks only (negative); default 0: no fine-tune, the claim "
+        "is then calibrated on trained toy models only",
+    )
+    sy.add_argument(
+        "--finetune-lr", type=float, default=1e-4, help="the fine-tunes' peak learning rate (1e-4)"
+    )
+    sy.add_argument(
+        "--finetune-batch", type=int, default=32, help="the fine-tunes' batch size (32)"
     )
     sy.add_argument("--out", required=True, help="output folder (reused to continue)")
     sy.add_argument("--device", default="cpu", help=DEVICE_HELP)

@@ -19,6 +19,11 @@ Edits (METHODS.md, "Calibration"):
   diagonals, and are split by their pre-edit axes (rope_variant "oblique").
 - position_shuffled (any encoding): the position signal permuted across positions (the APE
   table's rows, or the rotary angles' tokens): present, but where the model does not expect it.
+
+Two controls are fine-tunes, not edits: no edit plants the rebuild claim's compensation, which is
+learned. finetune_held_out (positive) and finetune_late (negative) are the studied RoPE weights
+fine-tuned with rotations withheld in held-out or late windows (training.finetune); the study
+builds them from its images (`Edit.finetune` names the schedule), `apply` cannot.
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ class Edit:
     plants: str
     applies: Callable[[ModelConfig], bool]
     apply: Callable[[ViT], None]
+    finetune: str = ""  # a fine-tune control: its withheld-window schedule (training.finetune)
 
 
 def _table(part: str) -> Callable[[ViT], None]:
@@ -117,6 +123,12 @@ def _shuffled(model: ViT) -> None:
         model.rotary.shuffle_seed = SHUFFLE_SEED
 
 
+def _needs_images(model: ViT) -> None:
+    raise UserError(
+        "a fine-tune control is trained from the study's images (training.finetune), not edited"
+    )
+
+
 def _standard_axial(cfg: ModelConfig) -> bool:
     return cfg.rope_kind == "axial" and cfg.rope_variant == "standard"
 
@@ -161,6 +173,25 @@ _EDITS = (
         "tokens): present, not where the model reads it",
         lambda c: c.has_pos_table or c.uses_rope,
         _shuffled,
+    ),
+    Edit(
+        "finetune_held_out",
+        POSITIVE,
+        "fine-tuned from the studied weights with rotations withheld in random windows other "
+        "than the tested one: later blocks trained to put position back, tested on a window "
+        "never withheld",
+        lambda c: c.uses_rope,
+        _needs_images,
+        finetune="held_out",
+    ),
+    Edit(
+        "finetune_late",
+        NEGATIVE,
+        "fine-tuned as long with rotations withheld in the late blocks only: nothing is trained "
+        "to compensate for the early blocks",
+        lambda c: c.uses_rope,
+        _needs_images,
+        finetune="late",
     ),
 )
 EDITS: dict[str, Edit] = {e.name: e for e in _EDITS}

@@ -259,6 +259,8 @@ def _claim(
     described = [views[j.model] for j in study]
     scale = "; ".join(scale_text(v) for v in described) or "no model"
     caveats = [rule.by_construction] + ([PRETRAINED_CAVEAT] if pretrained else [])
+    if pretrained and not cal["complete"] and rule.in_situ_gap:  # whatever the verdict says first
+        caveats.append(f"Not calibrated on the studied model: {rule.in_situ_gap}.")
     if cal["sensitivity_only"]:
         names = [c["model"] for c in cal["controls"] if c["role"] == "negative"]
         caveats.append(

@@ -17,6 +17,7 @@ from poslens.training.config import PRESETS as MODEL_PRESETS
 PRESETS = ("quick", "default", "paper")
 
 # Experiments whose claims the report states; the rest run in the paper preset.
+TASK_PREFIX = "task:"  # study.images naming a poslens checkpoint's task instead of an image folder
 CORE = ("depth_profile", "position_removal", "axis_map", "windows", "heads", "sae_causal")
 
 
@@ -61,12 +62,21 @@ class StudyConfig:
     # file, or "hub") or "hf:DIR" (a Hugging Face ViT / DeiT folder, studied as DIR's last name).
     # `images` is then their image folder and `seeds` are analysis seeds: the image subset, RPI
     # permutation and random draws change with the seed, the weights do not.
+    # `images` may also be "task:CHECKPOINT": that poslens checkpoint's own task (its fixed val and
+    # test splits, no preprocessing), to study a model exported with `poslens export` on its data.
     pretrained: tuple[str, ...] = ()
     images: str = ""
     # In-situ controls (interventions.in_situ): each judged model under the weight edits its
     # rules name, run through the same experiments as the model itself; the only controls of a
     # pretrained study
     in_situ: bool = True
+    # The rebuild claim's fine-tuned controls (training.finetune), for pretrained RoPE models:
+    # the studied weights fine-tuned finetune_steps steps (0: none) at peak finetune_lr, batches
+    # of finetune_batch, on the study's images (their val half), rotations withheld in held-out
+    # windows (positive) or in late blocks only (negative)
+    finetune_steps: int = 0
+    finetune_lr: float = 1e-4
+    finetune_batch: int = 32
 
     def __post_init__(self) -> None:
         one_of("study.preset", self.preset, PRESETS)
@@ -117,6 +127,18 @@ class StudyConfig:
         one_of("study.precision", self.precision, ANALYSIS_PRECISIONS)
         if not isinstance(self.in_situ, bool):
             raise ConfigError(f"study.in_situ must be true or false, got {self.in_situ!r}")
+        if not isinstance(self.finetune_steps, int) or self.finetune_steps < 0:
+            raise ConfigError(
+                f"study.finetune_steps must be a whole number >= 0, got {self.finetune_steps!r}"
+            )
+        if not (isinstance(self.finetune_lr, int | float) and self.finetune_lr > 0):
+            raise ConfigError(f"study.finetune_lr must be positive, got {self.finetune_lr!r}")
+        positive_int("study.finetune_batch", self.finetune_batch)
+        if self.finetune_steps and not self.pretrained:
+            raise ConfigError(
+                "study.finetune_steps goes with study.pretrained: trained studies calibrate the "
+                "rebuild claim on models trained for it (rope_rebuild, rope_late)"
+            )
         # parsed once (not fields: results.json records the strings above)
         object.__setattr__(self, "_pretrained", pretrained)
         object.__setattr__(self, "_only", only)

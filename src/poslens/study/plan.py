@@ -12,12 +12,14 @@ import os
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from poslens.checkpoint import CONFIG
 from poslens.errors import CheckpointError, ConfigError, DataError, UserError
 from poslens.experiments.config import ExperimentConfig
 from poslens.experiments.registry import configs, get
 from poslens.interventions import in_situ
-from poslens.study.config import Pretrained, StudyConfig, config_hash
+from poslens.study.config import TASK_PREFIX, Pretrained, StudyConfig, config_hash
 from poslens.training.config import RunConfig, apply_overrides, preset
+from poslens.training.finetune import FineTune
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,7 @@ class RunPlan:
     pretrained: Pretrained | None = None
     images: str = ""  # pretrained models: their image folder
     edit: str = ""  # an in-situ control: the base model's weights under this edit
+    finetune: FineTune | None = None  # a fine-tune control: how the base weights are tuned
 
     @property
     def base(self) -> str:
@@ -149,7 +152,11 @@ def check_sources(models: tuple[Pretrained, ...], images: str) -> None:
     for m in models:
         if m.weights != "hub" and not Path(m.weights).is_file():
             raise CheckpointError(f"{m.spec}: weights file {m.weights} not found")
-    if models and not Path(images).exists():
+    if models and images.startswith(TASK_PREFIX):
+        folder = Path(images[len(TASK_PREFIX) :])
+        if not (folder / CONFIG).is_file():
+            raise CheckpointError(f"{images}: {folder} is not a poslens checkpoint folder")
+    elif models and not Path(images).exists():
         raise DataError(f"image folder {images} does not exist")
 
 
@@ -211,6 +218,8 @@ def in_situ_edits(cfg: StudyConfig, run: RunPlan) -> dict[str, tuple[str, ...]]:
         if rule.experiment not in cfg.experiments:  # nothing to judge the control on
             continue
         for edit in rule.edits:
+            if in_situ.get(edit).finetune and not cfg.finetune_steps:  # fine-tunes: on request
+                continue
             if run.run_config is not None and not in_situ.get(edit).applies(run.run_config.model):
                 continue
             out.setdefault(edit, set()).update(e for e in rule.reads if e in cfg.experiments)
@@ -228,7 +237,10 @@ def in_situ_runs(cfg: StudyConfig, run: RunPlan) -> list[RunPlan]:
         name = in_situ.model_name(run.model, edit)
         stages = [replace(first, model=name, weight=0.0 if first.kind == "train" else first.weight)]
         stages += [replace(s, model=name, only=None) for s in run.stages[1:] if s.kind in exps]
-        out.append(replace(run, model=name, stages=tuple(stages), edit=edit))
+        windows = in_situ.get(edit).finetune
+        tune = FineTune(windows, cfg.finetune_steps, cfg.finetune_lr, cfg.finetune_batch,
+                        seed=run.seed) if windows else None  # fmt: skip
+        out.append(replace(run, model=name, stages=tuple(stages), edit=edit, finetune=tune))
     return out
 
 

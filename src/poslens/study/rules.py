@@ -376,6 +376,17 @@ def heads_effect(v: View) -> Effect:
                   lambda s: True)  # fmt: skip
 
 
+def heads_permuted_effect(v: View) -> Effect:
+    """The sharper level's null: the same correlation with the heads' specialisations permuted
+    across heads (one seeded permutation per analysis seed). It is noise of the size the rule
+    sees with this many heads, non-zero by design, but no head's preference follows its own
+    axis."""
+    n = v.seeds("heads")
+    vals = _column(v, "heads", heads.consistency_key(heads.AXIS_PREFERENCE_PERMUTED, UNITS), n)
+    return effect(vals, lambda s: "no variance across heads: the correlation is undefined",
+                  lambda s: True)  # fmt: skip
+
+
 # ------------------------------------------------------------------------------ position
 
 
@@ -497,8 +508,9 @@ LATE_NEGATIVE = ("later blocks rotate (a signal to measure) but were trained onl
 # the APE rules' in-situ controls: the studied table's own row + column part, or its cell residual
 APE_IN_SITU = (in_situ_control("table_rowcol"), in_situ_control("table_cell"))
 NO_EDIT_PLANTS_REBUILDING = (
-    "no weight edit plants compensation: it is learned, so only models trained for it (or "
-    "fine-tuned from the studied weights) can calibrate this level"
+    "no weight edit plants compensation: it is learned, so only models trained for it (the toy "
+    "study's rope_rebuild and rope_late) or fine-tuned from the studied weights (poslens study "
+    "--rebuild-finetune STEPS) can calibrate this level"
 )
 NO_EDIT_PLANTS_USE = (
     "no weight edit makes a model use position: in situ only the negative control (position "
@@ -510,6 +522,8 @@ REBUILD_CONTROLS = (
     Control("rope_rebuild", "positive", REBUILD_POSITIVE),
     Control("rope_late", "negative", LATE_NEGATIVE),
 )
+# a pretrained study's: the studied weights fine-tuned the same two ways (study.finetune_steps)
+FINETUNE_CONTROLS = (in_situ_control("finetune_held_out"), in_situ_control("finetune_late"))
 
 RULES = (
     Rule(
@@ -637,7 +651,7 @@ RULES = (
         "final RPI-SSDC retention after the withheld window (0 floor, 1 intact)",
         0.5,
         study=("rope_axial",),
-        controls=REBUILD_CONTROLS,
+        controls=(*REBUILD_CONTROLS, *FINETUNE_CONTROLS),
         would_change="Final RPI-SSDC retention after the window at most one half.",
         by_construction="RPI-SSDC can return whenever later blocks still rotate: the return "
         "alone is not compensation (the sharper test subtracts the later blocks' ordinary part).",
@@ -657,7 +671,7 @@ RULES = (
         "the intact model, as a share of intact-minus-floor margin",
         0.0,
         study=("rope_axial", "rope_mixed"),
-        controls=REBUILD_CONTROLS,
+        controls=(*REBUILD_CONTROLS, *FINETUNE_CONTROLS),
         would_change="The later blocks adding no more margin after the window than they add "
         "when nothing was withheld (their ordinary contribution, not compensation).",
         by_construction="Later blocks help even in the intact model, so only what they add "
@@ -679,6 +693,7 @@ RULES = (
         study=("rope_axial",),
         controls=(
             *REBUILD_CONTROLS,
+            *FINETUNE_CONTROLS,
             _ctl(
                 "rope_axial",
                 "negative",
@@ -708,13 +723,24 @@ RULES = (
         "rebuilding after a row-only vs a column-only window with its axis specialization",
         0.0,
         study=("rope_axial",),
-        controls=REBUILD_CONTROLS,
+        controls=(
+            *REBUILD_CONTROLS,
+            _ctl(
+                "rope_axial",
+                "negative",
+                "the heads' specialisations permuted across heads: noise of the size this many "
+                "heads give, with no head's preference following its own axis",
+                effect=heads_permuted_effect,
+                label="rope_axial, heads permuted",
+            ),
+        ),
         would_change="Heads' axis-window preferences unrelated to (or against) their attention's "
         "axis specialization.",
         by_construction="In the positive control each head's planes follow one axis by design, "
         "so its correlation is close to 1 by construction: it shows the instrument can see it.",
-        in_situ_gap="no in-situ controls yet: axis-specialised heads can be planted by an edit "
-        "(heads_axis_split), but the rebuilding they would have to show is learned",
+        in_situ_gap="no in-situ positive: axis-specialised heads can be planted by an edit "
+        "(heads_axis_split), but the rebuilding they would have to show is learned; the "
+        "permutation null is built for the trained rope_axial only",
     ),
     Rule(
         "position_matters",

@@ -7,8 +7,9 @@ interrupted study continues where it stopped.
 
 from __future__ import annotations
 
+import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -16,15 +17,26 @@ import torch
 
 import poslens
 from poslens.data import Task
-from poslens.errors import CheckpointError
+from poslens.errors import CheckpointError, DataError
 from poslens.experiments.analyze import analyze
 from poslens.experiments.config import ExperimentConfig
 from poslens.experiments.readout import ReferenceCache, eval_images
 from poslens.interventions import in_situ
-from poslens.io import jsonable, read_json, write_json
+from poslens.io import (
+    jsonable,
+    load_tensors,
+    parse_json,
+    read_json,
+    read_metadata,
+    save_tensors,
+    write_json,
+)
 from poslens.models.vit import ViT
-from poslens.study.config import config_hash
+from poslens.study.config import TASK_PREFIX, config_hash
 from poslens.study.plan import RunPlan, Stage, stage_hash
+from poslens.training.finetune import FineTune
+
+TUNED_FILE = "finetuned.safetensors"  # a fine-tune control's tuned weights, in its run folder
 
 
 @dataclass(frozen=True)
@@ -59,48 +71,101 @@ class Source:
     images: str = ""
     seed: int = 0
     edit: str = ""  # an in-situ control (interventions.in_situ) applied to every model loaded
+    finetune: FineTune | None = None  # a fine-tune control: how the studied weights are tuned
+    cache: Path | None = None  # a fine-tune control's run folder: its tuned weights are kept there
     not_applied: str | None = field(default=None, init=False, compare=False)  # why not, once loaded
+    finetuned: dict[str, Any] | None = field(default=None, init=False, compare=False)  # what was done
 
     # The run's images, built once per run and shared by its stages (decoding a large image folder
     # again for every experiment would cost more than the experiment); tasks are read-only.
     _task: Task | None = field(default=None, init=False, compare=False, repr=False)
+    _tuned: dict[str, torch.Tensor] | None = field(default=None, init=False, compare=False,
+                                                  repr=False)  # fmt: skip
 
     @classmethod
-    def of(cls, run: RunPlan) -> Source:
+    def of(cls, run: RunPlan, run_dir: Path | None = None) -> Source:
         if run.pretrained is None:
             return cls(checkpoint=run.checkpoint, edit=run.edit)
         p = run.pretrained
-        return cls(spec=p.spec, weights=p.weights, images=run.images, seed=run.seed, edit=run.edit)
+        return cls(spec=p.spec, weights=p.weights, images=run.images, seed=run.seed, edit=run.edit,
+                   finetune=run.finetune, cache=run_dir)  # fmt: skip
 
     def load(self, device: str) -> tuple[ViT, Task]:
-        """A fresh model (stages never share one), under the in-situ edit where it applies, and
-        the run's images."""
+        """A fresh model (stages never share one), under the in-situ edit (or fine-tune) where it
+        applies, and the run's images."""
         if self.checkpoint is not None:
             model = poslens.load(self.checkpoint, device=device)
         else:
             model = poslens.load(self.spec, weights=self.weights, device=device)
+        if self._task is None:
+            if self.checkpoint is not None:
+                self._task = poslens.load_task(self.checkpoint)
+            elif self.images.startswith(TASK_PREFIX):  # a poslens checkpoint's own task
+                self._task = poslens.load_task(self.images[len(TASK_PREFIX) :])
+                check_task_fits(self._task, model, self.images)
+            else:
+                self._task = poslens.load_images(self.images, self.spec, model, seed=self.seed)
         if self.edit:
             self.not_applied = edit_problem(model, self.edit)  # judged on the unedited model
-            if self.not_applied is None:
+            if self.not_applied is None and self.finetune is not None:
+                self._fine_tuned(model)
+            elif self.not_applied is None:
                 in_situ.apply(model, self.edit)
-        if self._task is None:
-            self._task = (
-                poslens.load_task(self.checkpoint)
-                if self.checkpoint is not None
-                else poslens.load_images(self.images, self.spec, model, seed=self.seed)
-            )
         return model, self._task
+
+    def _fine_tuned(self, model: ViT) -> None:
+        """`model` given the fine-tuned weights: tuned once per run (on the run's val images) and
+        kept in memory and in the run folder, which a later process reads back if its key (this
+        source's identity) matches."""
+        from poslens.training.finetune import finetune
+
+        assert self.finetune is not None and self._task is not None
+        if self._tuned is None:
+            key = config_hash(self.identity())
+            path = self.cache / TUNED_FILE if self.cache is not None else None
+            if path is not None and path.is_file() and read_metadata(path).get("key") == key:
+                self._tuned = load_tensors(path)
+                self.finetuned = parse_json(read_metadata(path)["finetune"], str(path))
+            else:
+                x, y = self._task.split("val")
+                self.finetuned = finetune(model, x, y, self.finetune)
+                self._tuned = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+                if path is not None:
+                    meta = {"key": key, "finetune": json.dumps(jsonable(self.finetuned))}
+                    save_tensors(path, self._tuned, meta)
+                return
+        model.load_state_dict(self._tuned)
 
     def identity(self) -> dict[str, Any]:
         """What the results depend on, for the stage reuse key: the checkpoint (its name holds
-        its config hash), or the pretrained model, its weights file (path and size) and images."""
+        its config hash), or the pretrained model, its weights file (path and size) and images;
+        an in-situ control's edit, and a fine-tune's settings."""
         edit = {"in_situ": self.edit} if self.edit else {}
+        if self.finetune is not None:
+            edit["finetune"] = asdict(self.finetune)
         if self.checkpoint is not None:
             return {"checkpoint": self.checkpoint.name} | edit
         weights = Path(self.weights)
         size = weights.stat().st_size if weights.is_file() else None
+        task = self.images.startswith(TASK_PREFIX)
+        where = Path(self.images[len(TASK_PREFIX) :] if task else self.images).resolve()
+        images = f"{TASK_PREFIX}{where}" if task else str(where)
         return {"model": self.spec, "weights": self.weights, "weights_bytes": size,
-                "images": str(Path(self.images).resolve()), "image_seed": self.seed} | edit  # fmt: skip
+                "images": images, "image_seed": self.seed} | edit  # fmt: skip
+
+
+def check_task_fits(task: Task, model: ViT, images: str) -> None:
+    """A checkpoint's task read by a pretrained model: its images must be the model's size and
+    channels, its classes the model's (one-line DataError otherwise)."""
+    x, _ = task.split("test")
+    c, h, w = x.shape[1:]
+    cfg = model.cfg
+    if (c, h, w) != (cfg.in_chans, cfg.image_size, cfg.image_size):
+        raise DataError(f"{images}: the task's images are {c}x{h}x{w}, the model takes "
+                        f"{cfg.in_chans}x{cfg.image_size}x{cfg.image_size}")  # fmt: skip
+    if task.num_classes != cfg.num_classes:
+        raise DataError(f"{images}: the task has {task.num_classes} classes, the model "
+                        f"{cfg.num_classes}")  # fmt: skip
 
 
 def edit_problem(model: ViT, edit: str) -> str | None:
@@ -170,6 +235,8 @@ def load_stage(source: Source, ecfg: ExperimentConfig, device: str) -> dict[str,
     x, y = eval_images(data, ecfg)
     dev, n_classes = model.head.weight.device, model.cfg.num_classes
     edit = {"in_situ": source.edit, "not_applied": source.not_applied} if source.edit else {}
+    if source.finetuned is not None:
+        edit["finetune"] = source.finetuned
     correct = sum(
         int((model(x[i : i + ecfg.batch_size].to(dev)).argmax(-1).cpu() == y[i : i + ecfg.batch_size]).sum())
         for i in range(0, len(x), ecfg.batch_size)
@@ -222,7 +289,7 @@ def run_one(
     if threads:
         torch.set_num_threads(threads)
     run_dir = out / "runs" / run.model / f"seed{run.seed}"
-    source = Source.of(run)
+    source = Source.of(run, run_dir)
     entry: dict[str, Any] = {}
     posenc = run.model
     not_applied: str | None = None  # a pretrained model that its in-situ edit does not fit

@@ -42,15 +42,21 @@ def step_seed(cfg: RunConfig, step: int, stream: int = 0) -> int:
 
 
 def withheld_blocks(cfg: RunConfig, step: int) -> range:
-    """The blocks whose rotations train.rotary_dropout withholds at this step, per
-    train.rotary_windows: "halves" the first half of the blocks with probability p, the second
-    half with probability p; "held_out" a random prefix window with probability p, a random
-    suffix window with probability p, each uniform over held_out_windows; "late" the second half
-    with probability p. Otherwise (and never two windows at once) none."""
-    p, depth, windows = cfg.train.rotary_dropout, cfg.model.depth, cfg.train.rotary_windows
+    """The blocks whose rotations train.rotary_dropout withholds at this step (withheld_window
+    under train.rotary_windows, drawn from the step's seed)."""
+    p = cfg.train.rotary_dropout
     if p <= 0:
         return range(0)
-    g = torch.Generator().manual_seed(step_seed(cfg, step))
+    return withheld_window(cfg.train.rotary_windows, p, cfg.model.depth, step_seed(cfg, step))
+
+
+def withheld_window(windows: str, p: float, depth: int, seed: int) -> range:
+    """One step's withheld blocks, drawn from `seed`: "halves" the first half of the blocks with
+    probability p, the second half with probability p; "held_out" a random prefix window with
+    probability p, a random suffix window with probability p, each uniform over
+    held_out_windows; "late" the second half with probability p. Otherwise (and never two
+    windows at once) none."""
+    g = torch.Generator().manual_seed(seed)
     u = float(torch.rand((), generator=g))
     if windows == "late":
         return range(depth // 2, depth) if u < p else range(0)
@@ -61,7 +67,7 @@ def withheld_blocks(cfg: RunConfig, step: int) -> range:
     if u >= 2 * p:
         return range(0)
     prefixes, suffixes = held_out_windows(depth)
-    choices = prefixes if u < p else suffixes
+    choices = prefixes if u < p and prefixes else suffixes  # depth 2 has no prefix to train on
     return choices[int(torch.randint(len(choices), (), generator=g))]
 
 
