@@ -269,6 +269,10 @@ def test_members_stopping_at_different_steps_leave_the_stack_unchanged(tmp_path:
         assert ref["stopped_at"] == m["stopped_at"]
         assert max_diff(single, out) < WEIGHT_TOL
         assert max_diff(single, out, "train_state.safetensors") < WEIGHT_TOL
+        # the stopped member is scored in a stack of its own: the same scores as alone
+        for split in ("train", "val", "test"):
+            assert m[split]["acc"] == ref[split]["acc"], split
+            assert m[split]["loss"] == pytest.approx(ref[split]["loss"], rel=1e-5), split
     # every member loads, the stopped one at the step it stopped at
     assert [checkpoint_status(o).step for o in outs] == [12, 24, 24]
     assert all(poslens.load(o).cfg.posenc == "rope_axial" for o in outs)

@@ -250,6 +250,22 @@ def _restack(
     return new, new_opt
 
 
+def _members(
+    model: StackedViT, slots: list[int], members: list[_Member], dev: torch.device
+) -> StackedViT:
+    """The members in `slots` as a stacked model of their own (weights copied; no optimiser)."""
+    sub = StackedViT([build_model(members[s].cfg.model, seed=members[s].cfg.train.seed)
+                      for s in slots]).to(dev)  # fmt: skip
+    sub.train(model.training)
+    idx = torch.as_tensor(slots, device=dev)
+    with torch.no_grad():
+        for (name, old), (new_name, p) in zip(model.named_stacked(), sub.named_stacked(),
+                                              strict=True):  # fmt: skip
+            assert name == new_name
+            p.copy_(old.index_select(0, idx))
+    return sub
+
+
 def _finish(
     members: list[_Member],
     slots: list[int],
@@ -266,13 +282,17 @@ def _finish(
     checkpointed at that step and marked finished; the others train on. Returns their metrics
     by slot."""
     dev = next(model.parameters()).device
-    scores = final_scores(model.forward, model.size, dev, task, members[0].cfg, step, precision)
+    # only the finishing members are scored: a stack of just them (each member's forward is its
+    # own, whatever else is stacked with it)
+    scored = model if len(slots) == model.size else _members(model, slots, members, dev)
+    by_slot = dict(zip(slots, final_scores(
+        scored.forward, len(slots), dev, task, members[0].cfg, step, precision), strict=True))  # fmt: skip
     out = {}
     for s in slots:
         m = members[s]
         m.seconds += elapsed
         metrics = run_metrics(
-            m.cfg, task, scores[s], histories[s], precision, model.num_params(),
+            m.cfg, task, by_slot[s], histories[s], precision, model.num_params(),
             m.trained_images, m.seconds, m.resumed_from,
         )  # fmt: skip
         out[s] = finish_run(
