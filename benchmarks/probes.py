@@ -10,7 +10,7 @@ single-process with --threads threads (torch.set_num_threads; threadpoolctl for 
 and OpenMP pools).
 
 Features: patch tokens after each block's ln1 and after ln_final of each --checkpoint, on the
-first --images test images of the default task. With no checkpoint: synthetic features with a
+first --images test images of the checkpoint's own task. With no checkpoint: synthetic features with a
 planted position code at strengths from near-chance to perfectly decodable.
 
     PYTHONPATH=src python benchmarks/probes.py --checkpoint /tmp/final/a/ape \\
@@ -41,10 +41,9 @@ SYNTH_STRENGTHS = (0.02, 0.05, 0.1, 0.2, 0.5)  # one synthetic "block" per plant
 def checkpoint_features(path: str, n_images: int) -> tuple[torch.Tensor, list[str], int]:
     """Patch tokens [L, N, T, D] at every block's ln1 and at ln_final; block labels; grid side."""
     import poslens
-    import poslens.data
 
     model = poslens.load(path).eval()
-    x, _ = poslens.data.build_task(poslens.data.DataConfig()).split("test")
+    x, _ = poslens.load_task(path).split("test")  # the checkpoint's own task and image size
     depth, p = model.cfg.depth, model.cfg.num_prefix
     names = [f"blocks.{b}.ln1.hook_normalized" for b in range(depth)] + ["ln_final.hook_normalized"]
     with torch.no_grad():
