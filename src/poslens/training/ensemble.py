@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -230,30 +230,26 @@ def _restack(
     dev: torch.device,
 ) -> tuple[StackedViT, torch.optim.Optimizer]:  # fmt: skip
     """The members in slots `keep` as a smaller stacked model and optimiser, with their weights
-    and AdamW moments (the step count is shared), so that finished members cost nothing more."""
-    cfg = members[0].cfg
-    new = StackedViT([build_model(m.cfg.model, seed=m.cfg.train.seed) for m in members]).to(dev)
-    new_opt = make_optimizer(new.named_stacked(), cfg, member_dims=1)
-    new.train(model.training)
+    and AdamW moments (the step count is shared), so that finished members cost nothing more.
+    `members` are the kept ones, in slot order."""
+    new = _members(model, keep, {s: m for s, m in zip(keep, members, strict=True)}, dev)
+    new_opt = make_optimizer(new.named_stacked(), members[0].cfg, member_dims=1)
     idx = torch.as_tensor(keep, device=dev)
-    with torch.no_grad():
-        for (name, old), (new_name, p) in zip(
-            model.named_stacked(), new.named_stacked(), strict=True
-        ):
-            assert name == new_name
-            p.copy_(old.index_select(0, idx))
-            if old in opt.state:
-                new_opt.state[p] = {
-                    k: v.clone() if v.ndim == 0 else v.index_select(0, idx).clone()
-                    for k, v in opt.state[old].items()
-                }
+    for (_, old), (_, p) in zip(model.named_stacked(), new.named_stacked(), strict=True):
+        if old in opt.state:
+            new_opt.state[p] = {
+                k: v.clone() if v.ndim == 0 else v.index_select(0, idx).clone()
+                for k, v in opt.state[old].items()
+            }
     return new, new_opt
 
 
 def _members(
-    model: StackedViT, slots: list[int], members: list[_Member], dev: torch.device
-) -> StackedViT:
-    """The members in `slots` as a stacked model of their own (weights copied; no optimiser)."""
+    model: StackedViT, slots: list[int], members: Mapping[int, _Member] | list[_Member],
+    dev: torch.device,
+) -> StackedViT:  # fmt: skip
+    """The members in `slots` (`members[slot]`) as a stacked model of their own: weights copied,
+    no optimiser."""
     sub = StackedViT([build_model(members[s].cfg.model, seed=members[s].cfg.train.seed)
                       for s in slots]).to(dev)  # fmt: skip
     sub.train(model.training)
