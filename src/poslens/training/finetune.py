@@ -29,8 +29,9 @@ WINDOWS = ("held_out", "late")  # train.withheld_window's schedules the fine-tun
 @dataclass(frozen=True)
 class FineTune:
     """How the studied model is fine-tuned: `steps` AdamW steps of `batch_size` images at peak
-    `lr` (warmup over the first tenth, then cosine), rotations withheld with probability `p` per
-    step in a window drawn by `windows`, batches and windows seeded by `seed`."""
+    `lr` (warmup over the first tenth, then cosine; weight decay 0.05 on matrices), rotations
+    withheld at a step with probability `p` (either schedule), in a window drawn by `windows`;
+    batches and windows seeded by `seed`."""
 
     windows: str
     steps: int
@@ -49,8 +50,8 @@ class FineTune:
             raise ConfigError(f"finetune.lr must be positive, got {self.lr}")
         if self.batch_size < 1:
             raise ConfigError(f"finetune.batch_size must be at least 1, got {self.batch_size}")
-        if not 0 < self.p <= 0.5:
-            raise ConfigError(f"finetune.p must be in (0, 0.5], got {self.p}")
+        if not 0 < self.p <= 1:
+            raise ConfigError(f"finetune.p must be in (0, 1], got {self.p}")
 
 
 @torch.enable_grad()  # also when called under no_grad (the study's load stage)
@@ -68,7 +69,15 @@ def finetune(
 
     dev = model.head.weight.device
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=ft.lr, weight_decay=0.05)
+    # weight decay on matrices only, as in training
+    decay = [p for n, p in model.named_parameters() if p.requires_grad and p.ndim >= 2
+             and n.endswith("weight")]  # fmt: skip
+    decayed = {id(p) for p in decay}
+    rest = [p for p in params if id(p) not in decayed]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.05},
+                             {"params": rest, "weight_decay": 0.0}], lr=ft.lr)  # fmt: skip
+    # withheld_window's p is per window kind: "held_out" draws a prefix or a suffix with p each
+    per_kind = ft.p / 2 if ft.windows == "held_out" else ft.p
     g = torch.Generator().manual_seed(ft.seed)
     order = torch.randperm(len(images), generator=g)
     at, losses, withheld = 0, [], 0
@@ -83,7 +92,7 @@ def finetune(
             at += ft.batch_size
             for group in opt.param_groups:
                 group["lr"] = lr_at(step, ft.steps, ft.lr, 0.1)
-            blocks = withheld_window(ft.windows, ft.p, model.cfg.depth, ft.seed * 100_003 + step)
+            blocks = withheld_window(ft.windows, per_kind, model.cfg.depth, ft.seed * 100_003 + step)
             withheld += bool(blocks)
             with rotary_mask(model, blocks=blocks) if blocks else contextlib.nullcontext():
                 loss = F.cross_entropy(model(images[idx].to(dev)), labels[idx].to(dev))
