@@ -81,6 +81,7 @@ def test_cli_export_writes_both_files_and_errors_in_one_line(
     assert main(["export", str(ckpt), "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert str(out) in printed and "--pretrained timm:vit_tiny_patch16_224=" in printed
+    assert f"--data task:{Path(ckpt).resolve()}" in printed
     assert kwargs_file(out).is_file()
     assert main(["export", str(ckpt), "--timm", "vit_small_patch16_rope_224", "--out",
                  str(tmp_path / "r.safetensors")]) != 0  # fmt: skip

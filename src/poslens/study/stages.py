@@ -237,10 +237,11 @@ def load_stage(source: Source, ecfg: ExperimentConfig, device: str) -> dict[str,
     edit = {"in_situ": source.edit, "not_applied": source.not_applied} if source.edit else {}
     if source.finetuned is not None:
         edit["finetune"] = source.finetuned
+    # a control whose edit does not fit this model is dropped from the study: nothing to measure
     correct = sum(
         int((model(x[i : i + ecfg.batch_size].to(dev)).argmax(-1).cpu() == y[i : i + ecfg.batch_size]).sum())
         for i in range(0, len(x), ecfg.batch_size)
-    ) if n_classes else None  # fmt: skip
+    ) if n_classes and source.not_applied is None else None  # fmt: skip
     return {  # a backbone without classifier (num_classes=0) has no accuracy: null
         "model": source.spec,
         "weights": source.weights,
