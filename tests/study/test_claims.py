@@ -473,3 +473,21 @@ def test_a_failed_calibration_names_the_controls_that_failed_and_how() -> None:
     assert c["verdict"] == FAILED_CALIBRATION
     assert "ape_rowcol (positive control) not detected: 0.02" in c["summary"]
     assert "ape_cell" not in c["summary"] and "ape 0.50" in c["summary"]
+
+
+def test_the_heads_nulls_are_read_inside_each_judged_model_pretrained_too() -> None:
+    """The random head and the permuted heads are nulls of the judged model itself: a pretrained
+    RoPE model gets them under its own name, as the trained rope_axial does."""
+    from poslens.study import StudyConfig
+
+    ms = {"vit_rope": entry("rope_axial", merge(windows(0.8, 0.3), heads(0.05, 0.0, 0.6)))}
+    cfg = StudyConfig(pretrained=("timm:vit_small_patch16_rope_224=hub",), images="imgs")
+    claims = evaluate_claims(ms, cfg)
+    for rid, label in (("heads_rebuild.original", "random head"),
+                       ("heads_rebuild.sharper", "heads permuted")):  # fmt: skip
+        rows = {r["model"]: r for r in claim(claims, rid)["calibration"]["controls"]}
+        assert set(rows) == {f"vit_rope, {label}"}, rid
+        assert rows[f"vit_rope, {label}"]["measured"] and not rows[f"vit_rope, {label}"]["detected"]
+    trained = {r["model"] for r in claim(evaluate_claims(calibrated()), "heads_rebuild.sharper")
+               ["calibration"]["controls"]}  # fmt: skip
+    assert "rope_axial, heads permuted" in trained

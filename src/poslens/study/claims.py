@@ -30,7 +30,7 @@ from poslens.interventions import in_situ
 from poslens.metrics.stats import SeedTest, holm, seed_test
 from poslens.study.config import StudyConfig
 from poslens.study.reference import reference_check
-from poslens.study.rules import LEVELS, RULES, Control, Effect, Rule, View
+from poslens.study.rules import EACH, LEVELS, RULES, Control, Effect, Rule, View
 from poslens.study.verdicts import (
     DESCRIPTIVE,
     FAILED_CALIBRATION,
@@ -128,16 +128,23 @@ def _study_views(rule: Rule, views: dict[str, View], pretrained: bool) -> list[V
 def _judge(rule: Rule, v: View, role: str, control: Control | None = None) -> Judged:
     measure = control.effect if control is not None and control.effect else rule.effect
     eff = measure(v)
-    name = control.name if control is not None and not control.in_situ else v.model
+    if control is not None and control.model == EACH:
+        name = f"{v.model}, {control.label}"
+    else:
+        name = control.name if control is not None and not control.in_situ else v.model
     return Judged(name, role, eff, seed_test(eff.values, rule.threshold, ALPHA),
                   design=control.design if control is not None else "")  # fmt: skip
 
 
 def _controls(rule: Rule, views: dict[str, View], study: list[Judged]) -> list[Judged]:
-    """The rule on each of its controls present in this study: the trained control models, then
-    each judged model under each in-situ edit ("ape~table_rowcol")."""
+    """The rule on each of its controls present in this study: the trained control models, the
+    nulls inside each judged model, and each judged model under each in-situ edit
+    ("ape~table_rowcol")."""
     out = []
     for c in rule.controls:
+        if c.model == EACH:  # a null inside each judged model
+            out += [_judge(rule, views[j.model], c.role, c) for j in study]
+            continue
         if not c.in_situ:
             if c.model in views:
                 out.append(_judge(rule, views[c.model], c.role, c))

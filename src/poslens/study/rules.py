@@ -402,13 +402,18 @@ def position_effect(v: View) -> Effect:
 # ------------------------------------------------------------------------------ the rules
 
 
+EACH = "*"  # a Control's model: a null built inside each model the rule judges (`label` names it)
+
+
 @dataclass(frozen=True)
 class Control:
     """A calibration test: `model` with the mechanism present ("positive") or absent
     ("negative") by design. `effect`: a null built inside the model instead of the rule's own
     effect (e.g. a random head for the top head); `label` names it then. `design`: what the
     control plants or removes, in a phrase. `edit`: an in-situ control instead of a trained
-    model: each judged model under that weight edit (interventions.in_situ), `model` empty."""
+    model: each judged model under that weight edit (interventions.in_situ), `model` empty.
+    `model` EACH: the null `effect` read in each judged model itself ("rope_axial, random
+    head"), trained or pretrained."""
 
     model: str
     role: str
@@ -476,7 +481,7 @@ class Rule:
     @property
     def models(self) -> tuple[str, ...]:
         """Every model this rule reads: study models, then trained control models."""
-        trained = [c.model for c in self.controls if not c.in_situ]
+        trained = [c.model for c in self.controls if not c.in_situ and c.model != EACH]
         return tuple(dict.fromkeys([*self.study, *trained]))
 
     @property
@@ -695,12 +700,12 @@ RULES = (
             *REBUILD_CONTROLS,
             *FINETUNE_CONTROLS,
             _ctl(
-                "rope_axial",
+                EACH,
                 "negative",
                 "a head chosen at random instead of by rank: a "
                 "window that makes every head costlier shows up here",
                 effect=heads_null_effect,
-                label="rope_axial, random head",
+                label="random head",
             ),
         ),
         would_change="The top head costing no more after the window than in the intact model, or "
@@ -726,12 +731,12 @@ RULES = (
         controls=(
             *REBUILD_CONTROLS,
             _ctl(
-                "rope_axial",
+                EACH,
                 "negative",
                 "the heads' specialisations permuted across heads: noise of the size this many "
                 "heads give, with no head's preference following its own axis",
                 effect=heads_permuted_effect,
-                label="rope_axial, heads permuted",
+                label="heads permuted",
             ),
         ),
         would_change="Heads' axis-window preferences unrelated to (or against) their attention's "
@@ -739,8 +744,7 @@ RULES = (
         by_construction="In the positive control each head's planes follow one axis by design, "
         "so its correlation is close to 1 by construction: it shows the instrument can see it.",
         in_situ_gap="no in-situ positive: axis-specialised heads can be planted by an edit "
-        "(heads_axis_split), but the rebuilding they would have to show is learned; the "
-        "permutation null is built for the trained rope_axial only",
+        "(heads_axis_split), but the rebuilding they would have to show is learned",
     ),
     Rule(
         "position_matters",
