@@ -110,3 +110,55 @@ def test_identical_inputs_reuse_the_fit_and_any_change_refits() -> None:
     assert probes.fit_probes(nudged, 4, 4) is not first
     shuffled = probes.fit_probes(feats, 4, 4, shuffle_labels=True)
     assert shuffled.result.test_acc[0, 0] < first.result.test_acc[0, 0]
+
+
+def _cell_code(n: int, seed: int, gh: int = 4, gw: int = 4, d: int = 12) -> torch.Tensor:
+    """Features [1, n, T, d]: a random direction per cell plus correlated noise, so that the
+    within-class covariance (and its shrinkage) matters."""
+    g = torch.Generator().manual_seed(seed)
+    cells = torch.randn(gh * gw, d, generator=g)
+    mix = torch.randn(d, d, generator=g)
+    return (cells[None] + 1.5 * torch.randn(n, gh * gw, d, generator=g) @ mix)[None]
+
+
+@pytest.mark.parametrize("shrinkage", [1e-3, 0.1, 0.3])
+def test_the_exact_cell_lda_predicts_what_scikit_learns_lda_predicts(shrinkage: float) -> None:
+    """Parity: poslens' closed-form LDA at one shrinkage, on whitened features, predicts what
+    scikit-learn's LinearDiscriminantAnalysis(solver="eigen") predicts (scikit-learn shrinks
+    each class's covariance toward a multiple of the identity; poslens the pooled one)."""
+    da = pytest.importorskip("sklearn.discriminant_analysis")
+    from poslens.metrics.probes import lda
+
+    feats = _cell_code(40, seed=5)[0]  # [n, T, D]
+    n, T, D = feats.shape
+    x_MD = feats.reshape(n * T, D).double()
+    y_M = position_labels(4, 4)[:, 0].repeat(n)
+    w = lda(x_MD[None].float(), y_M, T, torch.tensor([shrinkage], dtype=torch.float64))[0]
+    logits = torch.cat([x_MD.float(), torch.ones(n * T, 1)], -1) @ w.T
+    ref = da.LinearDiscriminantAnalysis(solver="eigen", shrinkage=shrinkage).fit(x_MD, y_M)
+    agree = (logits.argmax(-1).numpy() == ref.predict(x_MD.numpy())).mean()
+    assert agree > 0.995
+    assert 0.3 < (logits.argmax(-1) == y_M).double().mean() < 0.95  # neither trivial nor chance
+
+
+def test_the_exact_probe_takes_the_shrinkage_validation_prefers() -> None:
+    """The shrinkage is chosen per site on validation: the reported exact accuracy is that of
+    the grid's best validation score, and each grid point alone reproduces its own score."""
+    from poslens.metrics import probes
+
+    feats = torch.cat([_cell_code(40, seed=6), 0.3 * _cell_code(40, seed=7)])  # two sites
+    res = probes.fit_position_probes(feats, 4, 4)
+    per = []
+    for s in probes.SHRINKAGE:
+        probes.SHRINKAGE, keep = (s,), probes.SHRINKAGE
+        try:
+            per.append(probes.fit_position_probes(feats, 4, 4))
+        finally:
+            probes.SHRINKAGE = keep
+    for site in range(2):
+        vals = [p.val_acc[site, 0] for p in per]
+        best = int(np.argmax(vals))
+        assert res.l2[site, 0] == probes.SHRINKAGE[best]
+        assert res.val_acc[site, 0] == vals[best]
+        assert res.test_acc[site, 0] == per[best].test_acc[site, 0]
+        np.testing.assert_array_equal(res.test_acc[site, 1:], per[0].test_acc[site, 1:])
