@@ -39,20 +39,28 @@ def models() -> dict[str, ViT]:
     }
 
 
-@pytest.fixture(scope="module")
-def views(tmp_path_factory: pytest.TempPathFactory) -> dict[str, View]:
+def measured_views(folder: Path, kinds: tuple[str, ...] | None = None) -> dict[str, View]:
+    """Each test model's rules' experiments run and aggregated as the study does; `kinds`:
+    position_removal narrowed to those condition kinds (as for an in-situ control)."""
     task = build_task(DATA)
     out = {}
     for key, model in models().items():
         rules = [r for r in RULES if r.applies_to(model.cfg.family)]
         names = list(dict.fromkeys(e for rule in rules for e in rule.reads))
-        cfgs = {n: registry.get(n).Config(**SIZES, **SETTINGS.get(n, {})) for n in names}
-        folder = tmp_path_factory.mktemp(key)
-        records = analyze(model, task, names, list(cfgs.values()), folder, formats=())
+        settings = {n: dict(SETTINGS.get(n, {})) for n in names}
+        if kinds is not None and "position_removal" in settings:
+            settings["position_removal"]["kinds"] = kinds
+        cfgs = {n: registry.get(n).Config(**SIZES, **settings[n]) for n in names}
+        records = analyze(model, task, names, list(cfgs.values()), folder / key, formats=())
         runs = [{"experiments": {n: r for n, r in records.items() if "skipped" not in r}}]
         entry = {"posenc": model.cfg.posenc, "aggregate": aggregate(runs, names), "runs": runs}
         out[key] = View(key, json.loads(json.dumps(entry, default=str)))
     return out
+
+
+@pytest.fixture(scope="module")
+def views(tmp_path_factory: pytest.TempPathFactory) -> dict[str, View]:
+    return measured_views(tmp_path_factory.mktemp("views"))
 
 
 @pytest.mark.parametrize("rule", RULES, ids=lambda r: r.id)
@@ -88,3 +96,24 @@ def test_verdict_names_are_the_schemas() -> None:
     schema = json.loads((Path(__file__).parents[2] / "src/poslens/study/schema.json").read_text())
     assert schema["properties"]["claims"]["items"] == {"$ref": "#/$defs/claim"}
     assert tuple(schema["$defs"]["claim"]["properties"]["verdict"]["enum"]) == VERDICTS
+
+
+@pytest.mark.parametrize(
+    "rule", [r for r in RULES if "position_removal" in r.reads and r.edits], ids=lambda r: r.id
+)
+def test_an_in_situ_controls_narrowed_position_removal_has_every_key_its_rules_read(
+    rule, tmp_path: Path
+) -> None:
+    """An in-situ control runs only the position_removal kinds of the rules judging it
+    (Rule.removal): with exactly this rule's kinds, its effect and notes still find every key."""
+    from poslens.experiments.position_removal import KINDS
+
+    assert set(rule.removal) <= set(KINDS)
+    for v in measured_views(tmp_path, rule.removal).values():
+        if not rule.applies_to(v.family):
+            continue
+        v.missing.clear()
+        rule.effect(v)
+        for _what, _values in rule.notes(v):
+            pass
+        assert v.missing == set(), f"{rule.id} on {v.model}: narrowed to {rule.removal}"

@@ -99,3 +99,24 @@ def test_axis_source_is_recorded_in_the_headline(task: Task) -> None:
         for axis in ("row", "col"):
             assert math.isfinite(h[pr.key(pr.axis_condition(axis), "accuracy")])
         assert math.isfinite(h[pr.key(pr.random_condition(4), "accuracy")])
+
+
+def test_kinds_narrow_the_conditions_and_keep_the_rest_as_they_were() -> None:
+    """position_removal.kinds runs only the kinds named (an in-situ control's narrowing): the
+    conditions kept are the full run's, in its order; random_axis keeps only one axis's count
+    of random planes; () leaves the reference alone; an unknown kind is refused by name."""
+    from poslens.errors import ConfigError
+
+    rope = tiny("rope_axial", num_classes=4, dim=64, heads=4, depth=2)
+    ape = tiny("ape", num_classes=4)
+    full = {m: [c[0] for c in pr.conditions(m, pr.Config(draws=2))] for m in (rope, ape)}
+    per = pr.axis_planes_per_head(rope, pr.plane_axes(rope)[0])
+    assert any(n.startswith("top_") for n in full[rope]) and "ape_zero" in full[ape]
+    split = [c[0] for c in pr.conditions(rope, pr.Config(draws=2, kinds=("axis", "random_axis")))]
+    assert split == ["axis_row", "axis_col", f"random_{per}/0", f"random_{per}/1"]
+    assert split == [n for n in full[rope] if n in split]  # same names, same order
+    table = [c[0] for c in pr.conditions(ape, pr.Config(kinds=("table",)))]
+    assert table == ["table_rowcol", "table_cell"]
+    assert pr.conditions(rope, pr.Config(kinds=())) == [] == pr.conditions(ape, pr.Config(kinds=()))
+    with pytest.raises(ConfigError, match="position_removal.kinds"):
+        pr.Config(kinds=("axes",))

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 
+from poslens._config import one_of
 from poslens.data import Task
 from poslens.errors import ConfigError
 from poslens.experiments.conditions import Condition, planes_off, random_mask
@@ -53,6 +54,11 @@ from poslens.metrics.stats import row_col_share, sem
 from poslens.models.vit import ViT
 from poslens.progress import track
 
+# The kinds of condition (each condition's meta["kind"]); RANDOM_AXIS_KIND is the random draws at
+# one axis's count per head only (what the split rule compares with), "random" at every count.
+TABLE_KIND, AXIS_KIND, RANDOM_AXIS_KIND = "table", "axis", "random_axis"
+KINDS = ("ape", TABLE_KIND, AXIS_KIND, "top", "random", RANDOM_AXIS_KIND)
+
 
 @dataclass(frozen=True)
 class Config(ExperimentConfig):
@@ -61,12 +67,19 @@ class Config(ExperimentConfig):
         4,
         8,
     )  # plane counts for the top-frequency and random conditions
+    # the kinds of condition to run (KINDS); () runs the reference alone (intact and floor). The
+    # study narrows it for an in-situ control to what the rules judging it read (Rule.removal).
+    kinds: tuple[str, ...] = KINDS[:-1]  # all (RANDOM_AXIS_KIND is within "random")
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if not self.n_planes or any(not isinstance(n, int) or n < 1 for n in self.n_planes):
             raise ConfigError(f"analysis.n_planes must be positive integers, got {self.n_planes!r}")
         check_count("analysis.n_planes", self.n_planes, "planes")
+        if not isinstance(self.kinds, tuple):
+            raise ConfigError(f"position_removal.kinds must be a list, got {self.kinds!r}")
+        for kind in self.kinds:
+            one_of("position_removal.kinds", kind, KINDS)
 
 
 def applies(model: ViT) -> str | None:
@@ -174,44 +187,43 @@ def skipped_conditions(model: ViT) -> dict[str, str]:
 
 
 def conditions(model: ViT, cfg: Config) -> list[tuple[str, Condition, dict[str, Any]]]:
-    """Every removal condition that applies to this model: (name, condition, metadata)."""
+    """Every removal condition of cfg.kinds that applies to this model: (name, condition, meta)."""
+    kinds = set(cfg.kinds)
     out: list[tuple[str, Condition, dict[str, Any]]] = []
-    if model.cfg.uses_additive_pos:
+    if model.cfg.uses_additive_pos and "ape" in kinds:
         out.append((APE_ZERO, ape_zero, {"kind": "ape"}))
         # seed + 1: with RPI's own permutation the two would move content and position together
         out.append(("ape_permute", lambda m: ape_permute(m, seed=cfg.seed + 1), {"kind": "ape"}))
-    if model.cfg.has_pos_table:
+    if model.cfg.has_pos_table and TABLE_KIND in kinds:
         skipped = skipped_conditions(model)
         for name, part in TABLE_PART.items():
             if name not in skipped:
                 cond: Condition = lambda m, part=part: ape_table_part(m, part)  # noqa: E731
-                out.append((name, cond, {"kind": "table", "part": part}))
-    if model.cfg.uses_rope:
+                out.append((name, cond, {"kind": TABLE_KIND, "part": part}))
+    if model.cfg.uses_rope and kinds & {AXIS_KIND, "top", "random", RANDOM_AXIS_KIND}:
         amap = axis_map(model)
         axes, source = plane_axes(model, amap)
-        for axis in ("row", "col"):
+        for axis in ("row", "col") if AXIS_KIND in kinds else ():
             mask = torch.as_tensor(axes == axis)
             if mask.any():
-                meta = {"kind": "axis", "planes": int(mask.sum()), "axes_from": source}
+                meta = {"kind": AXIS_KIND, "planes": int(mask.sum()), "axes_from": source}
                 out.append((axis_condition(axis), planes_off(mask), meta))
         P = num_planes(model)
         # as many random planes per head as one axis has, whatever cfg.n_planes lists: the split
         # rule compares each axis with exactly that count (16 at head dim 64)
         per_axis = axis_planes_per_head(model, axes)
         own = {per_axis} if 0 < per_axis <= P else set()
+        listed = {n for n in cfg.n_planes if n <= P}
         turning = torch.as_tensor(amap.axis != "none")  # random planes: only ones that rotate
-        for n in sorted({n for n in cfg.n_planes if n <= P} | own):
-            out.append(
-                (
-                    f"top_{n}",
-                    planes_off(top_frequency_mask(model, n, amap)),
-                    {"kind": "top", "n": n},
-                )
-            )
-            for d in range(cfg.draws):
-                mask = random_mask(model, n, seed=cfg.seed * 1000 + 17 * n + d, among=turning)
-                meta = {"kind": "random", "n": n, "draw": d}
-                out.append((f"{random_condition(n)}/{d}", planes_off(mask), meta))
+        for n in sorted(listed | own):
+            if "top" in kinds:
+                mask = top_frequency_mask(model, n, amap)
+                out.append((f"top_{n}", planes_off(mask), {"kind": "top", "n": n}))
+            if "random" in kinds or (RANDOM_AXIS_KIND in kinds and n in own):
+                for d in range(cfg.draws):
+                    mask = random_mask(model, n, seed=cfg.seed * 1000 + 17 * n + d, among=turning)
+                    meta = {"kind": "random", "n": n, "draw": d}
+                    out.append((f"{random_condition(n)}/{d}", planes_off(mask), meta))
     return out
 
 
@@ -378,10 +390,8 @@ def headline(d: dict[str, Any]) -> Headline:
             for k, v in s.items()
             if k.startswith("retention_") and not k.endswith("_se")
         }
-    ape = next((c for c in d["conditions"] if c["name"] == APE_ZERO), None)
-    for name in d.get("skipped", {}):  # the numbers every table condition has, as ape_zero's
-        if ape is not None:
-            out |= dict.fromkeys(condition_numbers(name, ape), math.nan)
+    for name in d.get("skipped", {}):  # the numbers every condition has, as the floor's
+        out |= dict.fromkeys(condition_numbers(name, d["floor"]), math.nan)
     out |= {table_key(k): v for k, v in (d.get("table") or {}).items()}
     if d.get("axes_from") is not None:
         out[AXES_PRE_ROTATION] = float(d["axes_from"] == "pre_rotation")

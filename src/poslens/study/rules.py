@@ -468,6 +468,11 @@ class Rule:
     # why no in-situ control can calibrate this level where one is missing (a pretrained study
     # then says so instead of a verdict), e.g. "no weight edit plants compensation"
     in_situ_gap: str = ""
+    # where it reads position_removal: the condition kinds its effect and notes read
+    # (position_removal.KINDS; () the intact model and floor alone). An in-situ control runs only
+    # the kinds of the rules that judge it (study.plan.in_situ_runs): the rest would be paid for
+    # and never read.
+    removal: tuple[str, ...] = ()
 
     @property
     def id(self) -> str:
@@ -589,6 +594,7 @@ RULES = (
         by_construction="The +error splice moves only the edited latents, so the SAE's own "
         "reconstruction error is not part of the effect; its cost is reported beside it.",
         notes=ape_downstream_notes,
+        removal=(position_removal.TABLE_KIND,),
     ),
     Rule(
         "rope_planes_split",
@@ -624,6 +630,7 @@ RULES = (
         by_construction="In axial RoPE each plane follows one axis by design, so the own-axis loss "
         "is built in (a check, not evidence); the other axis surviving is not.",
         notes=rope_split_notes,
+        removal=(position_removal.AXIS_KIND, position_removal.RANDOM_AXIS_KIND),
     ),
     Rule(
         "rope_planes_split",
