@@ -160,6 +160,37 @@ def activation_bytes(
     return images * (blocks * per_block + t * d * 2) * FLOAT
 
 
+# batch_size 0: the analysis batch is chosen from the model and the device (auto_batch_size)
+AUTO_BATCH = 0
+MAX_AUTO_BATCH = 250  # the largest batch chosen (the experiments' former default)
+# What one analysis batch may hold on a CPU: a fixed budget, not the free memory, so that the
+# batch, and every number to the last bit, is the same on any CPU. A ViT-S at 224 px gets 36
+# images, a ViT-B 17, the study's small models MAX_AUTO_BATCH.
+CPU_BATCH_BYTES = 512 * 2**20
+GPU_FREE_SHARE = 0.5  # of a GPU's free memory, for one batch's activations and cached sites
+
+
+def analysis_batch_bytes(cfg: ModelConfig, images: float) -> float:
+    """One analysis batch: a forward's activations plus every site's raw and normalised residual
+    cached (what the readout's RPI pass holds for SSDC at every site)."""
+    t, d, sites = tokens(cfg), float(cfg.dim), cfg.depth + 1
+    return activation_bytes(cfg, images, train=False) + images * t * d * 2 * sites * FLOAT
+
+
+def auto_batch_size(cfg: ModelConfig, device: str = "cpu") -> int:
+    """The analysis batch for batch_size 0: as many images as CPU_BATCH_BYTES hold on a CPU, or
+    GPU_FREE_SHARE of its free memory on a GPU (float32 sizes: bf16 leaves headroom), 1 to
+    MAX_AUTO_BATCH."""
+    budget = float(CPU_BATCH_BYTES)
+    if device.startswith("cuda"):
+        import torch
+
+        if torch.cuda.is_available():
+            free, _ = torch.cuda.mem_get_info(torch.device(device))
+            budget = GPU_FREE_SHARE * free
+    return int(max(1, min(MAX_AUTO_BATCH, budget // analysis_batch_bytes(cfg, 1))))
+
+
 def image_bytes(n: float, channels: int, image_size: int) -> float:
     return float(n) * channels * float(image_size) ** 2 * FLOAT
 
@@ -235,6 +266,7 @@ def check_analysis(
     """Before an analysis: the evaluation images, one batch's activations with cached sites, and
     the probes' features (every site's patch tokens of the probe images)."""
     t, d, sites = tokens(cfg), float(cfg.dim), cfg.depth + 1
+    batch_size = batch_size or auto_batch_size(cfg, device)
     parts = [
         *model_parts(cfg),
         (

@@ -309,3 +309,19 @@ def test_random_planes_are_drawn_among_the_planes_that_rotate() -> None:
         mask = random_mask(split, n, seed=5, among=turning)
         assert not (mask & ~turning).any()
         assert (mask.sum(-1) == torch.minimum(torch.tensor(n), turning.sum(-1))).all()
+
+
+def test_every_suffix_false_keeps_only_the_suffixes_the_compensation_reads() -> None:
+    """windows.every_suffix=false: of the suffix windows only k+1..end for each prefix window k
+    (its compensation's control) and no middle window; the windows kept are the full run's."""
+    from poslens.experiments import windows as w
+
+    model = tiny("rope_axial", depth=4)
+    full = [c[0] for c in w.conditions(model, w.Config(axis_windows=False))]
+    some = [c[0] for c in w.conditions(model, w.Config(axis_windows=False, prefix_ks=(0, 2),
+                                                       every_suffix=False))]  # fmt: skip
+    assert some == ["prefix_0", "prefix_2", "suffix_1", "suffix_3"]
+    assert set(some) <= set(full) and any(n.startswith("middle") for n in full)
+    last = [c[0] for c in w.conditions(model, w.Config(axis_windows=False, prefix_ks=(3,),
+                                                       every_suffix=False))]  # fmt: skip
+    assert last == ["prefix_3"]  # the whole depth withheld: no later blocks, no suffix

@@ -105,7 +105,10 @@ def build_parser(prog: str = "poslens") -> argparse.ArgumentParser:
     a.add_argument("--out", required=True, help="folder for JSON, CSV and figures")
     a.add_argument("--images", type=int, default=500, help="evaluation images (default 500)")
     a.add_argument("--probe-images", type=int, default=200, help="images for probes (default 200)")
-    a.add_argument("--batch-size", type=int, default=250)
+    a.add_argument(
+        "--batch-size", type=int, default=0,
+        help="images per forward pass (default 0: chosen from the model and the device's memory)",
+    )  # fmt: skip
     a.add_argument("--seed", type=int, default=0, help="RPI permutation, probe split, random draws")
     a.add_argument(
         "--probe-block", type=int, default=-1, help="site for single-site probes (-1: automatic)"

@@ -7,11 +7,11 @@ import dataclasses
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
-from poslens import experiments
+from poslens import distributed, experiments
 from poslens.data import Task
 from poslens.experiments.config import ExperimentConfig
 from poslens.experiments.readout import ReferenceCache
@@ -19,6 +19,7 @@ from poslens.io import jsonable, removed_on_error
 from poslens.models.vit import ViT
 
 Record = dict[str, Any]
+C = TypeVar("C", bound=ExperimentConfig)
 
 
 def analyze(
@@ -53,6 +54,7 @@ def analyze(
             record: Record = {"skipped": reason}
         else:
             start = time.perf_counter()
+            cfg = with_batch(cfg, model)
             torch.manual_seed(cfg.seed)
             shared = {"references": references} if module.shares_reference else {}
             result = module.run(model, data, cfg, progress=progress, **shared)
@@ -71,6 +73,17 @@ def analyze(
     return records
 
 
+def with_batch(cfg: C, model: ViT) -> C:
+    """`cfg` with batch_size 0 resolved for `model` on its device (limits.auto_batch_size; rank
+    0's choice under torchrun, so every rank shards the images alike)."""
+    if cfg.batch_size:
+        return cfg
+    from poslens.limits import auto_batch_size
+
+    batch = auto_batch_size(model.cfg, str(model.head.weight.device))
+    return dataclasses.replace(cfg, batch_size=distributed.broadcast_object(batch))
+
+
 def headline(name: str, doc: dict[str, Any]) -> dict[str, float | None]:
     """Experiment `name`'s headline numbers from its JSON document (NaN and infinities: None)."""
     import math
@@ -79,4 +92,4 @@ def headline(name: str, doc: dict[str, Any]) -> dict[str, float | None]:
     return {k: None if v is None or not math.isfinite(v) else float(v) for k, v in h.items()}
 
 
-__all__ = ["Record", "analyze", "headline"]
+__all__ = ["Record", "analyze", "headline", "with_batch"]

@@ -16,7 +16,7 @@ class ExperimentConfig:
 
     n_images: int = 500  # evaluation images: accuracy, margins, SSDC
     probe_images: int = 200  # the first images of those, split 60/20/20 for the probes
-    batch_size: int = 250
+    batch_size: int = 0  # 0: from the model and the device's memory (limits.auto_batch_size)
     seed: int = 0  # RPI permutation, probe split, random draws
     draws: int = 3  # seeded draws for every random control
     split: str = "test"  # which fixed split of the task to evaluate on
@@ -27,8 +27,9 @@ class ExperimentConfig:
     ssdc_images: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("n_images", "probe_images", "batch_size", "draws"):
+        for name in ("n_images", "probe_images", "draws"):
             positive_int(f"analysis.{name}", getattr(self, name))
+        positive_int("analysis.batch_size", self.batch_size, allow_zero=True)
         positive_int("analysis.seed", self.seed, allow_zero=True)
         for name in ("n_images", "probe_images"):
             check_count(f"analysis.{name}", getattr(self, name), "images")

@@ -58,6 +58,9 @@ class Config(ExperimentConfig):
     # probes at every site for the all-plane windows (else only at the probe site); the axis and
     # random-plane windows are always probed at the probe site only
     probe_curves: bool = True
+    # every suffix window k..end and the middle window (the later blocks' own curve); False: only
+    # the suffix k+1..end of each prefix window k, which its compensation reads (the quick preset)
+    every_suffix: bool = True
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -162,7 +165,8 @@ def conditions(model: ViT, cfg: Config) -> list[tuple[str, str, list[int], Condi
                 0,
             )
         )
-    for k in range(1, depth):
+    suffixes = range(1, depth) if cfg.every_suffix else sorted({k + 1 for k in ks} - {depth})
+    for k in suffixes:
         out.append(
             (
                 suffix_window(k),
@@ -173,7 +177,8 @@ def conditions(model: ViT, cfg: Config) -> list[tuple[str, str, list[int], Condi
             )
         )
     mid = list(range(depth // 3, max(depth // 3 + 1, 2 * depth // 3)))
-    out.append((f"middle_{mid[0]}-{mid[-1]}", "middle", mid, planes_off(_all(model), mid), 0))
+    if cfg.every_suffix:
+        out.append((f"middle_{mid[0]}-{mid[-1]}", "middle", mid, planes_off(_all(model), mid), 0))
     if cfg.axis_windows:
         amap = axis_map(model)
         for axis in ("row", "col"):

@@ -81,11 +81,14 @@ def position_labels(gh: int, gw: int) -> torch.Tensor:
 
 
 def _whitener(x_LMD: torch.Tensor) -> torch.Tensor:
-    """[L, D, D] maps making the (standardised) training features of each block white."""
-    x = x_LMD.double()
-    cov = x.transpose(1, 2) @ x / x.shape[1]
-    eig, vec = torch.linalg.eigh(cov)
-    return (vec / (eig.clamp_min(0) + WHITEN_EPS).sqrt()[:, None, :]).float()
+    """[L, D, D] maps making the (standardised) training features of each block white (one site
+    at a time in float64: a ViT-B's 13 sites at once would hold gigabytes of float64 copies)."""
+    out = []
+    for x_MD in x_LMD:
+        x = x_MD.double()
+        eig, vec = torch.linalg.eigh(x.T @ x / x.shape[0])
+        out.append((vec / (eig.clamp_min(0) + WHITEN_EPS).sqrt()[None, :]).float())
+    return torch.stack(out)
 
 
 @dataclass(frozen=True)
@@ -267,9 +270,11 @@ def _fit(
     labels = position_labels(gh, gw)  # [T, 3]
     sizes = (gh * gw, gh, gw)
     x = feats.float()
-    mu = x[:, tr].mean(dim=(1, 2), keepdim=True)
-    sd = x[:, tr].std(dim=(1, 2), keepdim=True).clamp_min(1e-6)
-    x = (x - mu) / sd
+    x_tr = x[:, tr]  # a copy (fancy indexing): the training images' tokens
+    mu = x_tr.mean(dim=(1, 2), keepdim=True)
+    sd = x_tr.std(dim=(1, 2), keepdim=True).clamp_min(1e-6)
+    del x_tr
+    x = (x - mu).div_(sd)  # one new tensor: the caller's features stay as they were
     white_LDD = _whitener(x[:, tr].reshape(L, -1, D))
 
     def flat(idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
@@ -345,19 +350,20 @@ def lda(x_LMD: torch.Tensor, y_M: torch.Tensor, C: int, shrinkage: torch.Tensor)
     covariance so, which pools to this); logits x S^-1 m_c - m_c S^-1 m_c / 2 + log prior_c.
     A class absent from training gets logit -inf."""
     L, M, D = x_LMD.shape
-    x = x_LMD.double()
     counts = torch.bincount(y_M, minlength=C).double()  # [C]
-    means_LCD = torch.zeros(L, C, D, dtype=torch.float64).index_add_(1, y_M, x)
-    means_LCD /= counts.clamp_min(1)[None, :, None]
-    centred = x - means_LCD[:, y_M]
-    within_LDD = centred.transpose(1, 2) @ centred / M
-    mean_eig_L = torch.diagonal(within_LDD, dim1=1, dim2=2).mean(-1)
-    scaled_eye_LDD = mean_eig_L[:, None, None] * torch.eye(D, dtype=torch.float64)
     log_prior = (counts / M).log()  # -inf for an absent class
     out = []
-    for s in shrinkage.tolist():
-        cov_LDD = (1 - s) * within_LDD + s * scaled_eye_LDD
-        w_LDC = torch.linalg.solve(cov_LDD, means_LCD.transpose(1, 2))
-        bias_LC = -0.5 * (means_LCD * w_LDC.transpose(1, 2)).sum(-1) + log_prior
-        out.append(torch.cat([w_LDC.transpose(1, 2), bias_LC[..., None]], dim=-1))  # [L, C, D+1]
-    return torch.stack(out, dim=1).view(L, len(shrinkage) * C, D + 1).float()
+    for x_MD in x_LMD:  # one site at a time: float64 copies of one site's tokens only
+        x = x_MD.double()
+        means_CD = torch.zeros(C, D, dtype=torch.float64).index_add_(0, y_M, x)
+        means_CD /= counts.clamp_min(1)[:, None]
+        # W = total second moment - between-class part: no centred copy of the tokens
+        within_DD = (x.T @ x - (means_CD.T * counts) @ means_CD) / M
+        scaled_eye_DD = within_DD.diagonal().mean() * torch.eye(D, dtype=torch.float64)
+        site = []
+        for s in shrinkage.tolist():
+            w_DC = torch.linalg.solve((1 - s) * within_DD + s * scaled_eye_DD, means_CD.T)
+            bias_C = -0.5 * (means_CD * w_DC.T).sum(-1) + log_prior
+            site.append(torch.cat([w_DC.T, bias_C[:, None]], dim=-1))  # [C, D+1]
+        out.append(torch.stack(site))  # [S, C, D+1]
+    return torch.stack(out).view(L, len(shrinkage) * C, D + 1).float()

@@ -52,7 +52,7 @@ class StudyConfig:
     analysis_set: tuple[str, ...] = ()
     n_images: int = 300
     probe_images: int = 150
-    batch_size: int = 250
+    batch_size: int = 0  # 0: chosen per model and device (limits.auto_batch_size)
     ssdc_images: int = 0  # SSDC on the first ssdc_images of n_images (0: all)
     precision: str = "fp32"  # the experiments' forward passes: fp32, bf16 or fp16 (autocast)
     # "experiment=model,model": run that experiment only on those models (the others record why);
@@ -102,8 +102,9 @@ class StudyConfig:
         check_count("study.seeds", self.seeds, "seeds")
         for e in self.experiments:
             one_of("study.experiments", e, EXPERIMENTS)
-        for name in ("n_images", "probe_images", "batch_size"):
+        for name in ("n_images", "probe_images"):
             positive_int(f"study.{name}", getattr(self, name))
+        positive_int("study.batch_size", self.batch_size, allow_zero=True)
         for name in ("n_images", "probe_images"):
             check_count(f"study.{name}", getattr(self, name), "images")
         only: dict[str, frozenset[str]] = {}
@@ -256,6 +257,7 @@ def preset(name: str, **changes: Any) -> StudyConfig:
             ),
             analysis_set=(
                 "windows.axis_windows=false", "windows.prefix_ks=0", "windows.probe_curves=false",
+                "windows.every_suffix=false",
                 "position_removal.n_planes=4", "position_removal.draws=2",
                 "heads.units=head", "heads.cumulative=1", "heads.axis_windows=false",
                 "heads.rebuild_probes=false", "heads.draws=2",
