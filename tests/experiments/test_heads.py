@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -335,6 +336,28 @@ def test_reused_readouts_equal_fresh_ones(noise: Task, rebuild_probes: bool) -> 
         np.testing.assert_allclose(c.probe, fresh.probe_at(2))
         assert c.meta["damage"] == carrying[unit].meta["damage"]
         assert c.name.startswith(c.meta["selection"]) and "rank" not in c.meta
+
+
+def test_rebuilding_without_ssdc_gives_the_same_margins_and_no_ssdc(
+    noise: Task, planted_result: heads.Heads
+) -> None:
+    """heads.rebuild_ssdc=false skips the RPI pass of every rebuilding readout: every margin and
+    accuracy number is the full run's, and every output RPI-SSDC is NaN (never a stale value)."""
+    cfg = heads.Config(**FAST, probe_block=1, window_k=0, units=("block_head",), cumulative=(1, 2),
+                       rebuild_probes=False, rebuild_ssdc=False)  # fmt: skip
+    res = heads.run(planted(), noise, cfg)
+    full = {(r.unit, r.window): r for r in planted_result.rebuilding}
+    assert len(res.rebuilding) == len(full) > 0
+    for r in res.rebuilding:
+        f = full[r.unit, r.window]
+        assert (r.excess.mean, r.ratio, r.drop_window.mean) == (f.excess.mean, f.ratio, f.drop_window.mean)
+        assert math.isnan(r.ssdc_out) and math.isnan(r.ssdc_out_intact)
+        assert math.isfinite(f.ssdc_out)
+    for w, f in zip(res.windows, planted_result.windows, strict=True):
+        assert w.compensation.mean == f.compensation.mean and math.isnan(w.ssdc_out)
+    with pytest.raises(ValueError, match="cannot probe"):
+        x, y = eval_images(noise, cfg)
+        measure(planted(), x, y, cfg, probe_sites=[1], rpi_pass=False)
 
 
 def test_ratio_delta_method_matches_a_paired_bootstrap() -> None:

@@ -59,6 +59,10 @@ def test_a_large_problem_is_fitted_in_groups_of_sites_with_the_same_answers(
     joint = probes.fit_probes(feats, 4, 4)
     monkeypatch.setattr(probes, "MAX_LOGITS", 1)  # one site per group
     grouped = probes.fit_probes(feats, 4, 4)
+    monkeypatch.setattr(probes, "MAX_LOGITS", probes.MAX_LOGITS * 10**9)
+    monkeypatch.setattr(probes, "MAX_FEATURE_BYTES", feats[0].numel() * 4)  # so by features
+    by_bytes = probes.fit_probes(feats, 4, 4)
+    np.testing.assert_array_equal(by_bytes.result.test_acc, grouped.result.test_acc)
     for i in range(3):
         alone = probes.fit_probes(feats[i : i + 1], 4, 4)
         np.testing.assert_array_equal(grouped.result.test_acc[i], alone.result.test_acc[0])

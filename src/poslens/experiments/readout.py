@@ -203,11 +203,15 @@ def measure(
     clean_ssdc: bool = False,
     probe_control: bool = False,
     fixed: FixedProbes | None = None,
+    rpi_pass: bool = True,
 ) -> Readout:
     """Evaluate `model` under `condition`: pass 1 on the images as they are (accuracy, margins,
     probe features, clean SSDC), pass 2 under RPI (SSDC of index-anchored structure, probe
     features under RPI). Probes are refitted at `probe_sites`, clean and under RPI; `fixed` probes
     (the intact model's, `Reference.fixed`) are read wherever they cover a probe site.
+
+    rpi_pass=False: no second pass, for a caller that reads accuracy and margins alone (RPI-SSDC is
+    NaN at every site); it cannot probe.
 
     probe_control: fit the probes on shuffled labels instead (the chance-level control). On CUDA
     in one process, running out of memory retries with half the batch size (with a warning).
@@ -216,7 +220,7 @@ def measure(
         try:
             return _measure(
                 model, images, labels, cfg, condition, probe_sites, clean_ssdc, probe_control,
-                fixed,
+                fixed, rpi_pass,
             )  # fmt: skip
         except RuntimeError as e:
             # Under torchrun the ranks would disagree on the batches: no retry there.
@@ -243,8 +247,11 @@ def _measure(
     clean_ssdc: bool = False,
     probe_control: bool = False,
     fixed: FixedProbes | None = None,
+    rpi_pass: bool = True,
 ) -> Readout:
     """measure() at cfg.batch_size."""
+    if not rpi_pass and probe_sites:
+        raise ValueError("probes are fitted clean and under RPI: rpi_pass=False cannot probe")
     raw, norm = site_names(model)
     p = model.cfg.num_prefix
     dev = model.head.weight.device
@@ -282,7 +289,7 @@ def _measure(
                     acc.update(cache[name][: n_ssdc - start, p:])
         under_rpi = [SSDC(gh, gw) for _ in raw + norm]
         n_probe = cfg.probe_images if probe_sites else 0
-        n_rpi = max(n_ssdc, n_probe)  # images the RPI pass reads: SSDC's and the probes'
+        n_rpi = max(n_ssdc, n_probe) if rpi_pass else 0  # images the RPI pass reads: SSDC's, probes'
         with rpi(model, seed=cfg.seed):
             for start in (s for s in starts if s < n_rpi):
                 stop = min(start + cfg.batch_size, n_rpi)
@@ -298,7 +305,7 @@ def _measure(
     for acc in [*clean, *under_rpi]:
         acc.all_reduce()
     n_sites = len(raw)
-    values = np.array([s.value() for s in under_rpi])
+    values = np.array([s.value() if rpi_pass else np.nan for s in under_rpi])
     clean_values = np.array([s.value() for s in clean]) if clean_ssdc else None
     probes = probes_rpi = fitted = fixed_acc = fixed_rpi = None
     cache = None  # frees the last batch's cached sites

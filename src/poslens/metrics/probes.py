@@ -41,6 +41,10 @@ WHITEN_EPS = 1e-3  # added to the eigenvalues of the standardised covariance (me
 # at most this many logits in one L-BFGS problem (float32: 200 MB per copy); larger problems are
 # fitted in groups of sites. The default study's fits are far below it (0.6 M).
 MAX_LOGITS = 50_000_000
+# at most this many bytes of one problem's features (its float32 tokens of every image); more
+# sites are fitted in groups, so that the fit's working copies stay near this size (a ViT-S's 13
+# sites x 80 images x 196 tokens are 300 MB, a ViT-B's 1,000 images 7.7 GB)
+MAX_FEATURE_BYTES = 64 * 2**20
 # fitted probes kept for identical inputs, up to this many bytes of weights and whiteners: a
 # condition that leaves the features unchanged (random SAE latents that never fire) costs nothing
 MEMO_BYTES = 64 * 2**20
@@ -229,7 +233,7 @@ def fit_probes(
     x = feats.detach().cpu().contiguous()
     key = hashlib.blake2b(x.flatten().view(torch.uint8).numpy().data, digest_size=20)
     key.update(repr((x.dtype, tuple(x.shape), gh, gw, seed, tuple(l2), shuffle_labels,
-                     max_iter, MAX_LOGITS, SHRINKAGE)).encode())  # fmt: skip
+                     max_iter, MAX_LOGITS, MAX_FEATURE_BYTES, SHRINKAGE)).encode())  # fmt: skip
     digest = key.digest()
     if digest in _memo:
         _memo.move_to_end(digest)
@@ -252,16 +256,17 @@ def _fit(
 ) -> PositionProbes:
     """fit_probes without the memo.
 
-    A problem whose logits would exceed MAX_LOGITS numbers (a ViT-B's 13 sites x 28 row and
-    column classes x hundreds of thousands of tokens) is fitted in groups of sites, each its own L-BFGS problem: the losses
-    are separable, so only the line searches differ, and memory stays bounded."""
+    A problem whose logits would exceed MAX_LOGITS numbers, or whose features MAX_FEATURE_BYTES
+    (a pretrained ViT's 13 sites of hundreds of thousands of tokens), is fitted in groups of
+    sites, each its own problem: the losses are separable, so only the line searches differ, and
+    memory stays bounded."""
     L, n, T, D = feats.shape
     if T != gh * gw:
         raise ValueError(f"{T} tokens do not fit a {gh}x{gw} grid")
     if n < 5:
         raise ValueError(f"need at least 5 images to split 60/20/20, got {n}")
     per_site = len(l2) * int(0.6 * n) * T * (gh + gw)  # logistic logits of one site
-    group = max(1, MAX_LOGITS // per_site)
+    group = max(1, min(MAX_LOGITS // per_site, MAX_FEATURE_BYTES // (4 * n * T * D)))
     if L > group:
         parts = [_fit(feats[i : i + group], gh, gw, seed, l2, shuffle_labels, max_iter)
                  for i in range(0, L, group)]  # fmt: skip

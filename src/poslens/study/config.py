@@ -260,7 +260,7 @@ def preset(name: str, **changes: Any) -> StudyConfig:
                 "windows.every_suffix=false",
                 "position_removal.n_planes=4", "position_removal.draws=2",
                 "heads.units=head", "heads.cumulative=1", "heads.axis_windows=false",
-                "heads.rebuild_probes=false", "heads.draws=2",
+                "heads.rebuild_probes=false", "heads.rebuild_ssdc=false", "heads.draws=2",
                 "sae_causal.sites=early", "sae_causal.train_images=200",
                 "sae_causal.epochs=2", "sae_causal.doses=4", "sae_causal.draws=2",
             ),

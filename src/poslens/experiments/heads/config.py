@@ -27,6 +27,9 @@ class Config(ExperimentConfig):
     axis_windows: bool = True  # also rebuild after row-only and column-only windows
     min_explained: float = 0.05  # eta2_row + eta2_col below this shrinks spec towards 0
     rebuild_probes: bool = True  # probes at the output for every rebuilding readout (costly)
+    # RPI-SSDC at the output for every rebuilding readout (a second forward pass each); False:
+    # margins and accuracy only, all the rules read (ssdc_out is then NaN; the quick preset)
+    rebuild_ssdc: bool = True
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -47,7 +50,7 @@ class Config(ExperimentConfig):
             raise ConfigError(
                 f"analysis.cumulative must be positive integers, got {self.cumulative!r}"
             )
-        for name in ("axis_windows", "rebuild_probes"):
+        for name in ("axis_windows", "rebuild_probes", "rebuild_ssdc"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(
                     f"analysis.{name} must be true or false, got {getattr(self, name)!r}"

@@ -220,12 +220,14 @@ def measure_rebuilding(
     mask_key), or one met earlier in `masks` (with one later block, head h is that block's
     b<block>h<h>)."""
     sites = [model.cfg.depth] if cfg.rebuild_probes else []
+    rpi_pass = cfg.rebuild_ssdc or bool(sites)
     seen = dict(known or {})
     out = {}
     for key, mask in masks.items():
         k = mask_key(mask)
         if k not in seen:
-            seen[k] = measure(model, x, y, cfg, planes_off(mask), probe_sites=sites, fixed=fixed)
+            seen[k] = measure(model, x, y, cfg, planes_off(mask), probe_sites=sites, fixed=fixed,
+                              rpi_pass=rpi_pass)  # fmt: skip
         out[key] = seen[k]
         advance()
     return out
@@ -254,6 +256,9 @@ def carried_readouts(
                     r, probes=None, probe_sites=(), probes_rpi=None, fixed=None, fixed_rpi=None,
                     fitted=None,
                 )  # fmt: skip
+            if not (cfg.rebuild_ssdc or cfg.rebuild_probes):  # as the rebuilding readouts
+                r = replace(r, ssdc_rpi=np.full_like(r.ssdc_rpi, np.nan),
+                            ssdc_rpi_norm=np.full_like(r.ssdc_rpi_norm, np.nan))  # fmt: skip
             out[mask_key(head_mask(model, unit.pairs(range(model.cfg.depth))))] = r
     return out
 
