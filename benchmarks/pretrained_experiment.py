@@ -10,8 +10,13 @@ hook points' own work (hooks.py), the probe fits (metrics.probes.fit_probes) and
 reported after each experiment. The timm forward is the same images, batched as the experiment
 batches them, no_grad.
 
+With --preset quick the experiments take the study preset's analysis settings (what
+`poslens study --preset quick --pretrained ...` runs for one analysis seed), else their defaults.
+The forward column counts ViT.forward calls and the images they read.
+
     python benchmarks/pretrained_experiment.py [--model vit_tiny_patch16_224]
-        [--experiments depth_profile,position_removal,heads] [--images 100] [--threads 1]
+        [--experiments depth_profile,position_removal,heads] [--images 100] [--probe-images N]
+        [--preset quick] [--batch 0] [--threads 1]
 """
 
 from __future__ import annotations
@@ -33,6 +38,9 @@ from safetensors.torch import save_file
 import poslens
 from poslens.experiments.analyze import analyze
 from poslens.experiments.registry import configs
+from poslens.limits import auto_batch_size
+from poslens.models.vit import ViT
+from poslens.study.config import preset
 
 
 def image_folder(root: Path, n: int, classes: int = 5) -> Path:
@@ -60,7 +68,9 @@ def main() -> None:
     ap.add_argument("--model", default="vit_tiny_patch16_224")
     ap.add_argument("--experiments", default="depth_profile,position_removal,heads")
     ap.add_argument("--images", type=int, default=100)
-    ap.add_argument("--batch", type=int, default=50)
+    ap.add_argument("--probe-images", type=int, default=0, help="default: --images")
+    ap.add_argument("--preset", default="", help="a study preset's analysis settings (quick)")
+    ap.add_argument("--batch", type=int, default=0, help="0: chosen per model (the default)")
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -78,20 +88,33 @@ def main() -> None:
         data = poslens.load_images(folder, spec, model)
         x, _ = data.split("test")
         x = x[: args.images]
+        batch = args.batch or auto_batch_size(model.cfg)
         with torch.no_grad():
             t = time.perf_counter()
-            for i in range(0, len(x), args.batch):
-                tm(x[i : i + args.batch])
+            for i in range(0, len(x), batch):
+                tm(x[i : i + batch])
             timm_s = time.perf_counter() - t
-        print(f"{args.model}, {args.images} images at {model.cfg.image_size} px, {args.threads} "
-              f"thread(s), torch {torch.__version__}; timm forward of the images: {timm_s:.2f} s")  # fmt: skip
-        print("| experiment | total s | model forward s | of it hook callbacks s | probe fits s | rest s "
-              "| forward / timm's | peak RSS GB |")  # fmt: skip
+        print(f"{args.model}, {args.images} images at {model.cfg.image_size} px, batch {batch}, "
+              f"{args.threads} thread(s), torch {torch.__version__}; timm forward of the images: "
+              f"{timm_s:.2f} s")  # fmt: skip
+        print("| experiment | total s | model forward s (passes, images) | of it hook callbacks s "
+              "| probe fits s | rest s | forward / one timm pass | peak RSS GB |")  # fmt: skip
         print("|---|---|---|---|---|---|---|---|")
         names = args.experiments.split(",")
-        common = {"n_images": args.images, "probe_images": args.images, "batch_size": args.batch}
-        cfgs = configs(names, common, {})
+        common = {"n_images": args.images, "probe_images": args.probe_images or args.images,
+                  "batch_size": args.batch}  # fmt: skip
+        sets = preset(args.preset).analysis_sets if args.preset else {}
+        cfgs = configs(names, common, sets)
+        seen: list[int] = []
+        forward = ViT.forward
+
+        def counted(self: ViT, x: torch.Tensor, *a: object, **k: object) -> object:
+            seen.append(len(x))
+            return forward(self, x, *a, **k)
+
+        ViT.forward = counted  # type: ignore[method-assign]
         for name in names:
+            seen.clear()
             prof = cProfile.Profile()
             t = time.perf_counter()
             prof.enable()
@@ -100,10 +123,18 @@ def main() -> None:
             total = time.perf_counter() - t
             st = pstats.Stats(prof)
             fwd = cumulative(st, lambda f, n: f.endswith("models/vit.py") and n == "forward")
+            fwd = max(
+                fwd,
+                cumulative(
+                    st, lambda f, n: f.endswith("pretrained_experiment.py") and n == "counted"
+                ),
+            )
             hooks = cumulative(st, lambda f, n: f.endswith("models/hooks.py") and n == "hook")
-            probes = cumulative(st, lambda f, n: f.endswith("metrics/probes.py") and n == "fit_probes")
+            probes = cumulative(
+                st, lambda f, n: f.endswith("metrics/probes.py") and n == "fit_probes"
+            )
             rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
-            print(f"| {name} | {total:.1f} | {fwd:.1f} | {hooks:.1f} | {probes:.1f} | "
+            print(f"| {name} | {total:.1f} | {fwd:.1f} ({len(seen)}, {sum(seen):,}) | {hooks:.1f} | {probes:.1f} | "
                   f"{total - fwd - probes:.1f} | {fwd / timm_s:.1f}x | {rss:.1f} |")  # fmt: skip
             sys.stdout.flush()
 
