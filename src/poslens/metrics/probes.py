@@ -364,7 +364,10 @@ def lda(x_LMD: torch.Tensor, y_M: torch.Tensor, C: int, shrinkage: torch.Tensor)
         means_CD /= counts.clamp_min(1)[:, None]
         # W = total second moment - between-class part: no centred copy of the tokens
         within_DD = (x.T @ x - (means_CD.T * counts) @ means_CD) / M
-        scaled_eye_DD = within_DD.diagonal().mean() * torch.eye(D, dtype=torch.float64)
+        # floored so that tokens identical within each class (W = 0) still give a solvable system
+        scaled_eye_DD = within_DD.diagonal().mean().clamp_min(WHITEN_EPS) * torch.eye(
+            D, dtype=torch.float64
+        )
         site = []
         for s in shrinkage.tolist():
             w_DC = torch.linalg.solve((1 - s) * within_DD + s * scaled_eye_DD, means_CD.T)
