@@ -12,7 +12,8 @@ import torch
 from poslens import limits
 from poslens.data import DataConfig, build_task
 from poslens.experiments import registry
-from poslens.experiments.analyze import analyze, with_batch
+from poslens.experiments.analyze import analyze
+from poslens.experiments.config import with_batch
 from poslens.models.config import ModelConfig
 from tests.conftest import tiny
 
@@ -62,3 +63,16 @@ def test_batch_zero_is_resolved_recorded_and_gives_an_explicit_batchs_numbers(
     other = analyze(model, task, ["depth_profile"], [dataclasses.replace(cfg, batch_size=40)],
                     tmp_path / "c", formats=())  # fmt: skip
     assert other["depth_profile"]["config"]["batch_size"] == 40
+
+
+def test_an_experiment_run_directly_resolves_the_batch_itself() -> None:
+    """A notebook calls an experiment's run() with its Config's default batch (0) and no
+    `analyze`: run() resolves it, instead of slicing images by a batch of 0."""
+    from poslens.experiments import position_removal
+
+    task = build_task(DataConfig(image_size=16, object_scale=0.32, n_val=20, n_test=40))
+    model = tiny("rope_axial", num_classes=task.num_classes)
+    cfg = position_removal.Config(n_images=40, probe_images=20, n_planes=(2,), draws=1)
+    assert cfg.batch_size == 0
+    res = position_removal.run(model, task, cfg)
+    assert res.n_images == 40 and res.conditions

@@ -7,19 +7,18 @@ import dataclasses
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 
-from poslens import distributed, experiments
+from poslens import experiments
 from poslens.data import Task
-from poslens.experiments.config import ExperimentConfig
+from poslens.experiments.config import ExperimentConfig, with_batch
 from poslens.experiments.readout import ReferenceCache
 from poslens.io import jsonable, removed_on_error
 from poslens.models.vit import ViT
 
 Record = dict[str, Any]
-C = TypeVar("C", bound=ExperimentConfig)
 
 
 def analyze(
@@ -71,17 +70,6 @@ def analyze(
         if on_done is not None:
             on_done(name, record)
     return records
-
-
-def with_batch(cfg: C, model: ViT) -> C:
-    """`cfg` with batch_size 0 resolved for `model` on its device (limits.auto_batch_size; rank
-    0's choice under torchrun, so every rank shards the images alike)."""
-    if cfg.batch_size:
-        return cfg
-    from poslens.limits import auto_batch_size
-
-    batch = auto_batch_size(model.cfg, str(model.head.weight.device))
-    return dataclasses.replace(cfg, batch_size=distributed.broadcast_object(batch))
 
 
 def headline(name: str, doc: dict[str, Any]) -> dict[str, float | None]:

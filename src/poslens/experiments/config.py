@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from poslens._config import ANALYSIS_PRECISIONS, from_dict, one_of, positive_int
 from poslens.errors import ConfigError
-from poslens.limits import check_count
+from poslens.limits import auto_batch_size, check_count
+
+if TYPE_CHECKING:
+    from poslens.models.vit import ViT
 
 
 @dataclass(frozen=True)
@@ -57,4 +61,19 @@ class ExperimentConfig:
         return from_dict(cls, d, "analysis")
 
 
-__all__ = ["ExperimentConfig"]
+C = TypeVar("C", bound=ExperimentConfig)
+
+
+def with_batch(cfg: C, model: ViT) -> C:
+    """`cfg` with batch_size 0 resolved for `model` on its device (limits.auto_batch_size; rank
+    0's choice under torchrun, so every rank shards the images alike). Every experiment's run()
+    calls it, so a config used outside the study or `analyze` is resolved too."""
+    if cfg.batch_size:
+        return cfg
+    from poslens import distributed
+
+    batch = auto_batch_size(model.cfg, str(model.head.weight.device))
+    return dataclasses.replace(cfg, batch_size=distributed.broadcast_object(batch))
+
+
+__all__ = ["ExperimentConfig", "with_batch"]

@@ -26,7 +26,7 @@ from poslens._config import one_of
 from poslens.data import Task
 from poslens.errors import ConfigError
 from poslens.experiments.conditions import Condition, planes_off, random_mask
-from poslens.experiments.config import ExperimentConfig
+from poslens.experiments.config import ExperimentConfig, with_batch
 from poslens.experiments.output import (
     Experiment,
     Header,
@@ -295,7 +295,7 @@ def run(
     references: ReferenceCache | None = None,
 ) -> PositionRemoval:
     """Every removal condition that applies to `model`, against its baseline and floor."""
-    cfg = cfg or Config()
+    cfg = with_batch(cfg or Config(), model)
     x, y = eval_images(data, cfg)
     conds = conditions(model, cfg)
     steps = ["reference", *[c[0] for c in conds]]

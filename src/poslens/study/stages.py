@@ -18,8 +18,8 @@ import torch
 import poslens
 from poslens.data import Task
 from poslens.errors import CheckpointError, DataError
-from poslens.experiments.analyze import analyze, with_batch
-from poslens.experiments.config import ExperimentConfig
+from poslens.experiments.analyze import analyze
+from poslens.experiments.config import ExperimentConfig, with_batch
 from poslens.experiments.readout import ReferenceCache, eval_images
 from poslens.interventions import in_situ
 from poslens.io import (

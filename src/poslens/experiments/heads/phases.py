@@ -15,6 +15,7 @@ import torch
 from poslens import distributed
 from poslens.data import Task
 from poslens.experiments.conditions import planes_off
+from poslens.experiments.config import with_batch
 from poslens.experiments.heads.config import Config, window_last
 from poslens.experiments.heads.result import Heads, Rebuild, WindowControl
 from poslens.experiments.heads.units import Unit, head_mask, heads_off, units_of, window_mask
@@ -361,7 +362,7 @@ def run(
 ) -> Heads:
     """Carrying, cumulative top-k, rebuilding (rotary models) and attention statistics of every
     head of `model`, against its intact baseline and floor."""
-    cfg = cfg or Config()
+    cfg = with_batch(cfg or Config(), model)
     x, y = eval_images(data, cfg)
     depth = model.cfg.depth
     plan = plan_rebuilding(model, cfg)
