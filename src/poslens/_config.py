@@ -9,8 +9,10 @@ from typing import Any
 
 from poslens.errors import ConfigError
 
-# Analysis precisions: fp32, or bf16 / fp16 forward passes under torch.autocast
-ANALYSIS_PRECISIONS = ("fp32", "bf16", "fp16")
+# Analysis precisions: fp32, bf16 / fp16 forward passes under torch.autocast, or AUTO: bf16 where
+# the device runs it natively (AVX512-BF16 / AMX CPUs, Ampere+ GPUs), else fp32, resolved per run
+AUTO = "auto"
+ANALYSIS_PRECISIONS = ("fp32", "bf16", "fp16", AUTO)
 # Integers must fit torch's int64 (seeds, sizes); larger ones overflow deep inside torch.
 MAX_INT = 2**63 - 1
 # Optimiser steps of one run. poslens trains small models for thousands of steps; 10 million

@@ -51,14 +51,19 @@ def _unsupported(device_type: str, precision: str) -> str | None:
 def autocast(
     where: torch.device | str | torch.nn.Module, precision: str
 ) -> contextlib.AbstractContextManager[Any]:
-    """Forward passes on a device (or a model's device) in `precision` ("fp32", "bf16", "fp16");
-    UserError when torch cannot run that precision there."""
+    """Forward passes on a device (or a model's device) in `precision` ("fp32", "bf16", "fp16",
+    or "auto": bf16 where native, else fp32); UserError when torch cannot run it there."""
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    if isinstance(where, torch.nn.Module):
+        where = next(where.parameters()).device
+    precision = resolve_precision(precision, torch.device(where))
     if precision == "fp32":
         return contextlib.nullcontext()
     if precision not in DTYPES:
-        raise UserError(f"precision must be one of fp32, {', '.join(DTYPES)}; got {precision!r}")
-    if isinstance(where, torch.nn.Module):
-        where = next(where.parameters()).device
+        raise UserError(
+            f"precision must be one of fp32, {', '.join(DTYPES)}, auto; got {precision!r}"
+        )
     device_type = torch.device(where).type
     problem = _unsupported(device_type, precision)
     if problem is not None:

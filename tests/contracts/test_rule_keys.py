@@ -39,9 +39,12 @@ def models() -> dict[str, ViT]:
     }
 
 
-def measured_views(folder: Path, kinds: tuple[str, ...] | None = None) -> dict[str, View]:
+def measured_views(
+    folder: Path, kinds: tuple[str, ...] | None = None, rpi: bool = True
+) -> dict[str, View]:
     """Each test model's rules' experiments run and aggregated as the study does; `kinds`:
-    position_removal narrowed to those condition kinds (as for an in-situ control)."""
+    position_removal narrowed to those condition kinds, its conditions' RPI pass only with
+    `rpi` (as for an in-situ control)."""
     task = build_task(DATA)
     out = {}
     for key, model in models().items():
@@ -49,7 +52,7 @@ def measured_views(folder: Path, kinds: tuple[str, ...] | None = None) -> dict[s
         names = list(dict.fromkeys(e for rule in rules for e in rule.reads))
         settings = {n: dict(SETTINGS.get(n, {})) for n in names}
         if kinds is not None and "position_removal" in settings:
-            settings["position_removal"]["kinds"] = kinds
+            settings["position_removal"] |= {"kinds": kinds, "rpi": rpi}
         cfgs = {n: registry.get(n).Config(**SIZES, **settings[n]) for n in names}
         records = analyze(model, task, names, list(cfgs.values()), folder / key, formats=())
         runs = [{"experiments": {n: r for n, r in records.items() if "skipped" not in r}}]
@@ -98,22 +101,32 @@ def test_verdict_names_are_the_schemas() -> None:
     assert tuple(schema["$defs"]["claim"]["properties"]["verdict"]["enum"]) == VERDICTS
 
 
+def test_precision_names_are_the_schemas() -> None:
+    from poslens._config import ANALYSIS_PRECISIONS
+
+    schema = json.loads((Path(__file__).parents[2] / "src/poslens/study/schema.json").read_text())
+    config = schema["properties"]["config"]["properties"]
+    assert tuple(config["precision"]["enum"]) == ANALYSIS_PRECISIONS
+
+
 @pytest.mark.parametrize(
     "rule", [r for r in RULES if "position_removal" in r.reads and r.edits], ids=lambda r: r.id
 )
 def test_an_in_situ_controls_narrowed_position_removal_has_every_key_its_rules_read(
-    rule, tmp_path: Path
+    rule, tmp_path: Path, views: dict[str, View]
 ) -> None:
     """An in-situ control runs only the position_removal kinds of the rules judging it
-    (Rule.removal): with exactly this rule's kinds, its effect and notes still find every key."""
+    (Rule.removal), their RPI pass only where the rule reads it (Rule.removal_rpi): with exactly
+    this rule's narrowing, its effect and notes find every key, with the full run's values."""
     from poslens.experiments.position_removal import KINDS
 
     assert set(rule.removal) <= set(KINDS)
-    for v in measured_views(tmp_path, rule.removal).values():
+    narrowed = measured_views(tmp_path, rule.removal, rule.removal_rpi)
+    for key, v in narrowed.items():
         if not rule.applies_to(v.family):
             continue
         v.missing.clear()
-        rule.effect(v)
-        for _what, _values in rule.notes(v):
-            pass
+        got = [rule.effect(v).values, *(vals for _what, vals in rule.notes(v))]
         assert v.missing == set(), f"{rule.id} on {v.model}: narrowed to {rule.removal}"
+        full = [rule.effect(views[key]).values, *(vals for _w, vals in rule.notes(views[key]))]
+        assert json.dumps(got) == json.dumps(full), f"{rule.id} on {v.model}: values moved"

@@ -13,7 +13,7 @@ from poslens import limits
 from poslens.data import DataConfig, build_task
 from poslens.experiments import registry
 from poslens.experiments.analyze import analyze
-from poslens.experiments.config import with_batch
+from poslens.experiments.config import resolved
 from poslens.models.config import ModelConfig
 from tests.conftest import tiny
 
@@ -53,7 +53,7 @@ def test_batch_zero_is_resolved_recorded_and_gives_an_explicit_batchs_numbers(
     task = build_task(DataConfig(image_size=16, object_scale=0.32, n_val=20, n_test=40))
     model = tiny("rope_axial", num_classes=task.num_classes)
     monkeypatch.setattr(limits, "CPU_BATCH_BYTES", 3 * limits.analysis_batch_bytes(model.cfg, 1))
-    assert with_batch(registry.get("depth_profile").Config(), model).batch_size == 3
+    assert resolved(registry.get("depth_profile").Config(), model).batch_size == 3
     cfg = registry.get("depth_profile").Config(n_images=40, probe_images=20)
     auto = analyze(model, task, ["depth_profile"], [cfg], tmp_path / "a", formats=())
     fixed = dataclasses.replace(cfg, batch_size=3)

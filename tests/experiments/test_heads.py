@@ -355,9 +355,45 @@ def test_rebuilding_without_ssdc_gives_the_same_margins_and_no_ssdc(
         assert math.isfinite(f.ssdc_out)
     for w, f in zip(res.windows, planted_result.windows, strict=True):
         assert w.compensation.mean == f.compensation.mean and math.isnan(w.ssdc_out)
-    with pytest.raises(ValueError, match="cannot probe"):
-        x, y = eval_images(noise, cfg)
-        measure(planted(), x, y, cfg, probe_sites=[1], rpi_pass=False)
+    # without the RPI pass a readout's probes are the clean ones alone, the full readout's
+    x, y = eval_images(noise, cfg)
+    clean = measure(planted(), x, y, cfg, probe_sites=[1], rpi_pass=False)
+    both = measure(planted(), x, y, cfg, probe_sites=[1])
+    assert clean.probes is not None and both.probes is not None
+    np.testing.assert_array_equal(clean.probes.test_acc, both.probes.test_acc)
+    assert clean.probes_rpi is None and both.probes_rpi is not None
+    assert np.isnan(clean.ssdc_rpi).all() and np.isfinite(both.ssdc_rpi).all()
+    with pytest.raises(ValueError, match="no RPI pass"):
+        clean.fixed_probes()  # fixed probes need both kinds
+
+
+def test_clean_rebuilding_readouts_share_the_windows_prefix_pass(noise: Task) -> None:
+    """Without SSDC and probes, rebuilding masks that agree on the window's blocks start from
+    one pass of those blocks (the intact one, each window's): block 0 runs once per window and
+    once more, not once per mask, and every margin is the whole pass's, bit for bit."""
+    from poslens.experiments.heads.phases import (
+        measure_rebuilding,
+        plan_rebuilding,
+        rebuilding_masks,
+    )
+    from poslens.experiments.heads.units import units_of
+
+    m = planted()
+    cfg = heads.Config(**FAST, window_k=0, units=("block_head",), rebuild_probes=False,
+                       rebuild_ssdc=False)  # fmt: skip
+    x, y = eval_images(noise, cfg)
+    plan = plan_rebuilding(m, cfg)
+    masks = rebuilding_masks(m, plan, units_of(m, "block_head", plan.later))
+    calls = []
+    with m.hooks([("blocks.0.hook_resid_pre", lambda t, name: calls.append(1))]):
+        shared = measure_rebuilding(m, x, y, cfg, masks, lambda: None, first=1)
+    # the intact prefix and one per window (all, row, col), one batch each
+    assert len(masks) > 10 and len(calls) == 1 + len(plan.windows) == 4
+    whole = measure_rebuilding(m, x, y, cfg, masks, lambda: None, first=0)
+    assert set(shared) == set(whole)
+    for k in masks:
+        assert np.array_equal(shared[k].margin, whole[k].margin), k
+        assert np.array_equal(shared[k].correct, whole[k].correct), k
 
 
 def test_ratio_delta_method_matches_a_paired_bootstrap() -> None:

@@ -240,3 +240,36 @@ def test_sincos_temperature_sets_the_table_and_defaults_stay_out_of_saved_config
         ModelConfig(posenc="ape", sincos_temperature=100.0)
     with pytest.raises(ConfigError, match="model.sincos_temperature"):
         ModelConfig(posenc="sincos", sincos_temperature=0.0)
+
+
+@pytest.mark.parametrize("posenc", ["ape", "rope_axial", "rope_mixed"])
+def test_a_pass_resumed_from_a_residual_is_the_whole_pass_bit_for_bit(posenc: str) -> None:
+    """forward(residual(x, b), start_at=b) is forward(x), also on another grid and with a
+    rotary mask on the later blocks; hooks before block b do not fire, those after do."""
+    model = tiny(posenc, depth=3)
+    for shape in ((3, 1, 16, 16), (2, 1, 24, 20)):
+        x = torch.randn(*shape)
+        grid = model.grid_of(x)
+        with torch.no_grad():
+            for b in (1, 2, 3):
+                resid = model.residual(x, b)
+                assert resid.shape == (len(x), model.cfg.num_prefix + grid[0] * grid[1], 32)
+                assert torch.equal(model(resid, start_at=b, grid=grid), model(x))
+    if model.cfg.uses_rope:
+        x = torch.randn(3, 1, 16, 16)
+        mask = torch.zeros(3, model.cfg.heads, model.cfg.head_dim // 2, dtype=torch.bool)
+        mask[2:, 0] = True  # planes of head 0, in block 2 only
+        with torch.no_grad(), rotary_mask(model, mask):
+            resumed = model(model.residual(x, 2), start_at=2)
+            whole = model(x)
+        assert torch.equal(resumed, whole)
+        with torch.no_grad():
+            assert not torch.allclose(whole, model(x))  # the mask did change block 2
+    names = ["blocks.0.hook_resid_post", "blocks.2.hook_resid_pre"]
+    with torch.no_grad():
+        _, cache = model.run_with_cache(model.residual(x, 1), names, start_at=1)
+    assert list(cache) == ["blocks.2.hook_resid_pre"]
+    with pytest.raises(ValueError, match="start_at"):
+        model(torch.randn(3, 1, 16, 16), start_at=1)  # images, not a residual
+    with pytest.raises(ValueError, match="block"):
+        model.residual(x, 0)

@@ -18,7 +18,7 @@ from poslens.experiments import position_removal as pr
 from poslens.experiments.analyze import analyze
 from poslens.interventions import in_situ
 from poslens.study import preset, run_study
-from poslens.study.plan import experiment_configs, in_situ_edits, in_situ_removal, make_plan
+from poslens.study.plan import experiment_configs, in_situ_edits, make_plan
 from poslens.study.rules import View, position_effect, rope_split_effect
 from tests.experiments.test_sae_causal import TINY_TRAIN
 from tests.study.test_study import TINY_STUDY
@@ -43,15 +43,17 @@ def test_each_study_model_gets_the_edits_its_rules_name(tmp_path: Path) -> None:
             assert r.checkpoint == b.checkpoint and r.model == in_situ.model_name(r.base, r.edit)
             assert r.stages[0].kind == "train" and r.stages[0].weight == 0
             assert all(s.only is None for s in r.stages[1:])
-            # of position_removal only the condition kinds its rules read (Rule.removal)
-            removal = {s.config.kinds for s in r.stages if s.kind == "position_removal"}
+            # of position_removal only the condition kinds its rules read (Rule.removal), and
+            # no condition's RPI pass: no rule judging a control reads one (Rule.removal_rpi)
+            removal = {(s.config.kinds, s.config.rpi) for s in r.stages
+                       if s.kind == "position_removal"}  # fmt: skip
             want = {"table_rowcol": ("table",), "table_cell": ("table",),
                     "heads_axis_split": ("axis", "random_axis"),
                     "freqs_oblique": ("axis", "random_axis"), "position_shuffled": ()}[r.edit]  # fmt: skip
-            assert removal == {want} and in_situ_removal(cfg, b, r.edit) == want
+            assert removal == {(want, False)}
         else:
-            assert all(s.config.kinds == pr.Config().kinds for s in r.stages
-                       if s.kind == "position_removal")  # fmt: skip
+            assert all((s.config.kinds, s.config.rpi) == (pr.Config().kinds, True)
+                       for s in r.stages if s.kind == "position_removal")  # fmt: skip
     assert not any(r.edit for r in make_plan(replace(cfg, in_situ=False), tmp_path).runs)
 
 

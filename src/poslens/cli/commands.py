@@ -356,7 +356,7 @@ def cmd_study(args: argparse.Namespace) -> int:
     from poslens.limits import check_output_dir
     from poslens.study import preset, run_study
 
-    changes: dict[str, object] = {"precision": args.precision}
+    changes: dict[str, object] = {} if args.precision is None else {"precision": args.precision}
     if args.no_in_situ:
         changes["in_situ"] = False
     if args.rebuild_finetune:

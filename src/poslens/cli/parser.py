@@ -126,8 +126,9 @@ def build_parser(prog: str = "poslens") -> argparse.ArgumentParser:
         "--precision",
         choices=ANALYSIS_PRECISIONS,
         default="fp32",
-        help="forward passes in float32 (default) or under torch.autocast in bfloat16 / float16; "
-        "statistics are always computed in float32 or float64",
+        help="forward passes in float32 (default), under torch.autocast in bfloat16 / float16, or "
+        "auto (bf16 where the device runs it natively, else fp32); statistics are always "
+        "computed in float32 or float64",
     )
     a.add_argument("--no-progress", action="store_true", help="no progress bars")
     a.add_argument(
@@ -187,8 +188,10 @@ def build_parser(prog: str = "poslens") -> argparse.ArgumentParser:
     sy.add_argument(
         "--precision",
         choices=ANALYSIS_PRECISIONS,
-        default="fp32",
-        help="the experiments' forward passes (bf16/fp16 under torch.autocast)",
+        default=None,
+        help="the experiments' forward passes: fp32, bf16 / fp16 under torch.autocast, or auto "
+        "(bf16 where the device runs it natively, else fp32); default fp32, and auto with "
+        "--pretrained",
     )
     sy.add_argument(
         "--no-in-situ",

@@ -13,7 +13,7 @@ import torch
 
 from poslens import experiments
 from poslens.data import Task
-from poslens.experiments.config import ExperimentConfig, with_batch
+from poslens.experiments.config import ExperimentConfig, resolved
 from poslens.experiments.readout import ReferenceCache
 from poslens.io import jsonable, removed_on_error
 from poslens.models.vit import ViT
@@ -53,7 +53,7 @@ def analyze(
             record: Record = {"skipped": reason}
         else:
             start = time.perf_counter()
-            cfg = with_batch(cfg, model)
+            cfg = resolved(cfg, model)
             torch.manual_seed(cfg.seed)
             shared = {"references": references} if module.shares_reference else {}
             result = module.run(model, data, cfg, progress=progress, **shared)
@@ -80,4 +80,4 @@ def headline(name: str, doc: dict[str, Any]) -> dict[str, float | None]:
     return {k: None if v is None or not math.isfinite(v) else float(v) for k, v in h.items()}
 
 
-__all__ = ["Record", "analyze", "headline", "with_batch"]
+__all__ = ["Record", "analyze", "headline", "resolved"]

@@ -25,7 +25,7 @@ from poslens.data import Task
 from poslens.distributed import gather, shard
 from poslens.errors import ConfigError
 from poslens.experiments.conditions import Condition
-from poslens.experiments.config import ExperimentConfig, with_batch
+from poslens.experiments.config import ExperimentConfig, resolved
 from poslens.experiments.output import Experiment, Header, Headline, top_level_numbers
 from poslens.experiments.readout import (
     ConditionResult,
@@ -233,7 +233,7 @@ def run(
     references: ReferenceCache | None = None,
 ) -> Components:
     """Every ablation (and the patching sweep) of this model against its baseline and floor."""
-    cfg = with_batch(cfg or Config(), model)
+    cfg = resolved(cfg or Config(), model)
     x, y = eval_images(data, cfg)
     hooks = [component_hook(c, b) for c in COMPONENTS for b in range(model.cfg.depth)]
     means = (

@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from poslens._config import ANALYSIS_PRECISIONS, from_dict, one_of, positive_int
+from poslens._config import ANALYSIS_PRECISIONS, AUTO, from_dict, one_of, positive_int
 from poslens.errors import ConfigError
 from poslens.limits import auto_batch_size, check_count
 
@@ -25,7 +25,7 @@ class ExperimentConfig:
     draws: int = 3  # seeded draws for every random control
     split: str = "test"  # which fixed split of the task to evaluate on
     probe_block: int = -1  # site for single-block probes; -1: chosen from the baseline
-    precision: str = "fp32"  # forward passes: fp32, or bf16 / fp16 under torch.autocast
+    precision: str = "fp32"  # forward passes: fp32, bf16 / fp16 under torch.autocast, or "auto"
     # SSDC on the first ssdc_images of the n_images only (0: all of them); the original protocol
     # measured accuracy on 5,000 images and SSDC on 1,000
     ssdc_images: int = 0
@@ -64,16 +64,22 @@ class ExperimentConfig:
 C = TypeVar("C", bound=ExperimentConfig)
 
 
-def with_batch(cfg: C, model: ViT) -> C:
-    """`cfg` with batch_size 0 resolved for `model` on its device (limits.auto_batch_size; rank
-    0's choice under torchrun, so every rank shards the images alike). Every experiment's run()
-    calls it, so a config used outside the study or `analyze` is resolved too."""
-    if cfg.batch_size:
+def resolved(cfg: C, model: ViT) -> C:
+    """`cfg` with its per-device choices made for `model`: batch_size 0 from the model and the
+    device's memory (limits.auto_batch_size) and precision "auto" as bf16 where the device runs
+    it natively, else fp32 (precision.resolve_precision); rank 0's choices under torchrun, so
+    every rank shards and rounds alike. Every experiment's run() calls it, so a config used
+    outside the study or `analyze` is resolved too, and what is recorded is what ran."""
+    if cfg.batch_size and cfg.precision != AUTO:
         return cfg
     from poslens import distributed
+    from poslens.precision import resolve_precision
 
-    batch = auto_batch_size(model.cfg, str(model.head.weight.device))
-    return dataclasses.replace(cfg, batch_size=distributed.broadcast_object(batch))
+    device = model.head.weight.device
+    batch = cfg.batch_size or auto_batch_size(model.cfg, str(device))
+    precision = resolve_precision(cfg.precision, device)
+    batch, precision = distributed.broadcast_object((batch, precision))
+    return dataclasses.replace(cfg, batch_size=batch, precision=precision)
 
 
-__all__ = ["ExperimentConfig", "with_batch"]
+__all__ = ["ExperimentConfig", "resolved"]

@@ -16,7 +16,7 @@ from matplotlib.figure import Figure
 
 from poslens.data import Task
 from poslens.distributed import in_order, shard
-from poslens.experiments.config import ExperimentConfig, with_batch
+from poslens.experiments.config import ExperimentConfig, resolved
 from poslens.experiments.output import Experiment, Header, Headline, probe_numbers, probe_rows
 from poslens.experiments.readout import (
     ReferenceCache,
@@ -121,7 +121,7 @@ def run(
     """SSDC, probes and effective rank at every site of `model`, with a random-init control. The
     probed readout is the reference's baseline (shared through `references`); clean SSDC is read
     in a pass of its own without probes (the same batches, so the same numbers)."""
-    cfg = with_batch(cfg or Config(), model)
+    cfg = resolved(cfg or Config(), model)
     x, y = eval_images(data, cfg)
     sites = list(range(model.cfg.depth + 1))
     control_model = build_model(model.cfg, seed=cfg.seed + 1).to(model.head.weight.device).eval()

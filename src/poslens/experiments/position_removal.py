@@ -8,7 +8,8 @@ from the axis map; on an oblique model from the planes' pre-rotation axes, the s
 control), the n highest-frequency planes (half per axis) and n random planes per head (several
 seeded draws, always including one axis's count per head).
 Each condition reports accuracy and margin with paired SE, RPI-SSDC per site, probes at the probe
-site and retention against the floor.
+site and retention against the floor (with rpi=false its clean pass alone: no RPI-SSDC, no RPI
+probes).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from poslens._config import one_of
 from poslens.data import Task
 from poslens.errors import ConfigError
 from poslens.experiments.conditions import Condition, planes_off, random_mask
-from poslens.experiments.config import ExperimentConfig, with_batch
+from poslens.experiments.config import ExperimentConfig, resolved
 from poslens.experiments.output import (
     Experiment,
     Header,
@@ -70,6 +71,9 @@ class Config(ExperimentConfig):
     # the kinds of condition to run (KINDS); () runs the reference alone (intact and floor). The
     # study narrows it for an in-situ control to what the rules judging it read (Rule.removal).
     kinds: tuple[str, ...] = KINDS[:-1]  # all (RANDOM_AXIS_KIND is within "random")
+    # each condition also under RPI (its RPI-SSDC and RPI probes; the reference always is). The
+    # study turns it off for an in-situ control whose rules read neither (Rule.removal_rpi).
+    rpi: bool = True
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -80,6 +84,8 @@ class Config(ExperimentConfig):
             raise ConfigError(f"position_removal.kinds must be a list, got {self.kinds!r}")
         for kind in self.kinds:
             one_of("position_removal.kinds", kind, KINDS)
+        if not isinstance(self.rpi, bool):
+            raise ConfigError(f"position_removal.rpi must be true or false, got {self.rpi!r}")
 
 
 def applies(model: ViT) -> str | None:
@@ -295,7 +301,7 @@ def run(
     references: ReferenceCache | None = None,
 ) -> PositionRemoval:
     """Every removal condition that applies to `model`, against its baseline and floor."""
-    cfg = with_batch(cfg or Config(), model)
+    cfg = resolved(cfg or Config(), model)
     x, y = eval_images(data, cfg)
     conds = conditions(model, cfg)
     steps = ["reference", *[c[0] for c in conds]]
@@ -307,7 +313,7 @@ def run(
             continue
         assert ref is not None
         name, cond, meta = next(c for c in conds if c[0] == step)
-        r = measure(model, x, y, cfg, cond, probe_sites=[ref.probe_site], fixed=ref.fixed)
+        r = measure(model, x, y, cfg, cond, [ref.probe_site], fixed=ref.fixed, rpi_pass=cfg.rpi)
         results.append(summarise(name, r, ref.base, ref.floor, ref.probe_site, meta))
     assert ref is not None
     base = ref.base.summary()

@@ -24,7 +24,7 @@ from poslens.data import Task
 from poslens.distributed import shard
 from poslens.errors import UserError
 from poslens.experiments.conditions import Condition, combine, floor_condition
-from poslens.experiments.config import ExperimentConfig, with_batch
+from poslens.experiments.config import ExperimentConfig, resolved
 from poslens.experiments.output import Experiment, Header, Headline, probe_rows, top_level_numbers
 from poslens.experiments.readout import (
     ConditionResult,
@@ -153,7 +153,7 @@ def run(
     reason = applies(model)
     if reason is not None:
         raise UserError(f"prefix_attention does not apply: {reason}")
-    cfg = with_batch(cfg or Config(), model)
+    cfg = resolved(cfg or Config(), model)
     x, y = eval_images(data, cfg)
     sites = list(range(model.cfg.depth + 1))
     conds: dict[str, Condition] = {

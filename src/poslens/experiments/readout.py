@@ -145,7 +145,7 @@ class Readout:
     def fixed_probes(self) -> FixedProbes:
         """This (intact) readout's refitted probes as the fixed probes of other conditions."""
         if self.fitted is None:
-            raise ValueError("this readout fitted no probes")
+            raise ValueError("this readout fitted no probes, or had no RPI pass to fit them under")
         return self.fitted
 
     def summary(self) -> dict[str, Any]:
@@ -193,6 +193,32 @@ def _is_cuda_oom(e: BaseException, model: ViT) -> bool:
     return model.head.weight.device.type == "cuda" and isinstance(e, torch.cuda.OutOfMemoryError)
 
 
+@dataclass(frozen=True)
+class Prefix:
+    """The residual entering block `block` of the evaluation images, per batch of `batch_size`
+    (this rank's batches, by start index, on the CPU), under a condition on blocks 0..block-1:
+    what every condition that agrees with it there shares, so their passes start at `block`."""
+
+    block: int
+    batch_size: int
+    grid: tuple[int, int]
+    resid: dict[int, torch.Tensor]  # batch start -> [B, T, D]
+
+
+@torch.no_grad()
+def prefix(
+    model: ViT, images: torch.Tensor, cfg: ExperimentConfig, condition: Condition, block: int
+) -> Prefix:
+    """Blocks 0..block-1 of `model` under `condition` on the evaluation images, kept for
+    measure(..., resume=...) of conditions equal to `condition` on those blocks."""
+    dev = model.head.weight.device
+    out = {}
+    with autocast(dev, cfg.precision), condition(model):
+        for start in shard(len(images), cfg.batch_size):
+            out[start] = model.residual(images[start : start + cfg.batch_size].to(dev), block).cpu()
+    return Prefix(block, cfg.batch_size, model.grid_of(images[:1]), out)
+
+
 def measure(
     model: ViT,
     images: torch.Tensor,
@@ -204,14 +230,18 @@ def measure(
     probe_control: bool = False,
     fixed: FixedProbes | None = None,
     rpi_pass: bool = True,
+    resume: Prefix | None = None,
 ) -> Readout:
     """Evaluate `model` under `condition`: pass 1 on the images as they are (accuracy, margins,
     probe features, clean SSDC), pass 2 under RPI (SSDC of index-anchored structure, probe
     features under RPI). Probes are refitted at `probe_sites`, clean and under RPI; `fixed` probes
     (the intact model's, `Reference.fixed`) are read wherever they cover a probe site.
 
-    rpi_pass=False: no second pass, for a caller that reads accuracy and margins alone (RPI-SSDC is
-    NaN at every site); it cannot probe.
+    rpi_pass=False: no second pass, for a caller that reads no RPI number: RPI-SSDC is NaN at
+    every site, probes are fitted and read clean only, and the readout cannot become fixed
+    probes (those need both). resume: the pass begins at `resume.block` from that
+    prefix (the caller's guarantee: `condition` agrees with the prefix's on the blocks before);
+    for such a clean pass only (rpi_pass=False, no clean SSDC).
 
     probe_control: fit the probes on shuffled labels instead (the chance-level control). On CUDA
     in one process, running out of memory retries with half the batch size (with a warning).
@@ -220,7 +250,7 @@ def measure(
         try:
             return _measure(
                 model, images, labels, cfg, condition, probe_sites, clean_ssdc, probe_control,
-                fixed, rpi_pass,
+                fixed, rpi_pass, resume,
             )  # fmt: skip
         except RuntimeError as e:
             # Under torchrun the ranks would disagree on the batches: no retry there.
@@ -248,10 +278,11 @@ def _measure(
     probe_control: bool = False,
     fixed: FixedProbes | None = None,
     rpi_pass: bool = True,
+    resume: Prefix | None = None,
 ) -> Readout:
     """measure() at cfg.batch_size."""
-    if not rpi_pass and probe_sites:
-        raise ValueError("probes are fitted clean and under RPI: rpi_pass=False cannot probe")
+    if resume is not None and (rpi_pass or clean_ssdc or resume.batch_size != cfg.batch_size):
+        raise ValueError("a prefix starts clean passes without SSDC, at its own batch size")
     raw, norm = site_names(model)
     p = model.cfg.num_prefix
     dev = model.head.weight.device
@@ -273,7 +304,13 @@ def _measure(
             yb = labels[start : start + cfg.batch_size].to(dev)
             wanted = [norm[s] for s in probe_sites if start < cfg.probe_images]
             wanted += (raw + norm) if clean_ssdc and start < n_ssdc else []
-            logits, cache = model.run_with_cache(xb, sorted(set(wanted)))
+            if resume is None:
+                logits, cache = model.run_with_cache(xb, sorted(set(wanted)))
+            else:  # blocks 0..resume.block-1 as the prefix ran them
+                logits, cache = model.run_with_cache(
+                    resume.resid[start].to(dev), sorted(set(wanted)), start_at=resume.block,
+                    grid=resume.grid,
+                )  # fmt: skip
             if labelled:
                 correct.append((start, (logits.argmax(-1) == yb).cpu()))
                 margin.append((start, correct_class_margin(logits.float(), yb).cpu()))
@@ -310,16 +347,19 @@ def _measure(
     probes = probes_rpi = fitted = fixed_acc = fixed_rpi = None
     cache = None  # frees the last batch's cached sites
     if probe_sites:
-        stacked, stacked_rpi = _stacked(feats), _stacked(feats_rpi)  # [sites, N, T, D]
+        stacked = _stacked(feats)  # [sites, N, T, D]
         fit = fit_probes(stacked, gh, gw, seed=cfg.seed, shuffle_labels=probe_control)
-        fit_rpi = fit_probes(stacked_rpi, gh, gw, seed=cfg.seed, shuffle_labels=probe_control)
-        probes, probes_rpi = fit.result, fit_rpi.result
-        fitted = FixedProbes(probe_sites, fit, fit_rpi)
+        probes = fit.result
         if fixed is not None:
-            fixed_acc, fixed_rpi = (
-                _read_fixed(fixed, probes_of, probe_sites, feats_of)
-                for probes_of, feats_of in ((fixed.clean, stacked), (fixed.rpi, stacked_rpi))
-            )
+            fixed_acc = _read_fixed(fixed, fixed.clean, probe_sites, stacked)
+        del stacked
+        if rpi_pass:
+            stacked_rpi = _stacked(feats_rpi)
+            fit_rpi = fit_probes(stacked_rpi, gh, gw, seed=cfg.seed, shuffle_labels=probe_control)
+            probes_rpi = fit_rpi.result
+            fitted = FixedProbes(probe_sites, fit, fit_rpi)
+            if fixed is not None:
+                fixed_rpi = _read_fixed(fixed, fixed.rpi, probe_sites, stacked_rpi)
     return Readout(
         correct=in_order(correct).numpy(),
         margin=in_order(margin).double().numpy(),

@@ -25,7 +25,7 @@ from matplotlib.figure import Figure
 from poslens.data import Task, build_task
 from poslens.errors import ConfigError, UserError
 from poslens.experiments import position_removal
-from poslens.experiments.config import with_batch
+from poslens.experiments.config import resolved
 from poslens.experiments.output import Experiment, Headline, top_level_numbers
 from poslens.experiments.position_removal import mean_condition, random_ns, random_summary
 from poslens.experiments.readout import (
@@ -220,7 +220,7 @@ def run(
     references: ReferenceCache | None = None,
 ) -> Resolution:
     """Every position_removal condition at the trained grid and at a `cfg.scale` larger grid."""
-    cfg = with_batch(cfg or Config(), model)
+    cfg = resolved(cfg or Config(), model)
     trained_size = model.cfg.image_size
     if data.cfg.image_size != trained_size:
         raise UserError(

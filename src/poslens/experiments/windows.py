@@ -20,7 +20,7 @@ from matplotlib.figure import Figure
 from poslens.data import Task
 from poslens.errors import ConfigError
 from poslens.experiments.conditions import Condition, planes_off, random_mask
-from poslens.experiments.config import ExperimentConfig, with_batch
+from poslens.experiments.config import ExperimentConfig, resolved
 from poslens.experiments.output import (
     Experiment,
     Header,
@@ -285,7 +285,7 @@ def run(
     references: ReferenceCache | None = None,
 ) -> Windows:
     """Every window of this RoPE model, against its baseline and floor."""
-    cfg = with_batch(cfg or Config(), model)
+    cfg = resolved(cfg or Config(), model)
     x, y = eval_images(data, cfg)
     conds = conditions(model, cfg)
     all_sites = list(range(model.cfg.depth + 1))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -136,16 +137,17 @@ class HookedModule(nn.Module):
                 h.remove()
 
     def run_with_cache(
-        self, x: torch.Tensor, names: NameFilter, detach: bool = True
+        self, x: torch.Tensor, names: NameFilter, detach: bool = True, **forward: Any
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """Forward `x`, returning (logits, cache) with only the requested activations stored."""
+        """Forward `x` (with keyword arguments `forward`, e.g. start_at), returning (logits,
+        cache) with only the requested activations stored."""
         cache: dict[str, torch.Tensor] = {}
 
         def store(t: torch.Tensor, name: str) -> None:
             cache[name] = t.detach() if detach else t
 
         with self.hooks([(n, store) for n in self.resolve_names(names)]):
-            out = self(x)
+            out = self(x, **forward)
         return out, cache
 
 

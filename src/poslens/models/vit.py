@@ -246,15 +246,40 @@ class ViT(HookedModule):
         ]
         return torch.cat([*prefix, x], dim=1), (gh, gw)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Images [B, C, H, W] -> logits [B, num_classes]."""
-        x, (gh, gw) = self.embed(x)
-        tables = self.rotary_tables(gh, gw)
-        for i, block in enumerate(self.blocks):
-            x = block(x, None if tables is None else tables[min(i, tables.shape[0] - 1)])
+    def forward(
+        self, x: torch.Tensor, start_at: int = 0, grid: tuple[int, int] | None = None
+    ) -> torch.Tensor:
+        """Images [B, C, H, W] -> logits [B, num_classes].
+
+        start_at b > 0: `x` is instead the residual [B, T, D] entering block b on patch grid
+        `grid` (default: the config's), as `residual(images, b)` returned it; blocks 0..b-1
+        and their hooks are skipped. Conditions that differ only from block b on share it."""
+        if start_at:
+            gh, gw = grid or (self.cfg.grid, self.cfg.grid)
+            if not 0 < start_at <= self.cfg.depth or x.ndim != 3:
+                raise ValueError(f"start_at={start_at} needs a residual [B, T, D] and a block")
+        else:
+            x, (gh, gw) = self.embed(x)
+        x = self._blocks(x, gh, gw, start_at, self.cfg.depth)
         x = self.ln_final(x)
         pooled = x[:, 0] if self.cfg.pool == "cls" else x[:, self.cfg.num_prefix :].mean(dim=1)
         return self.head(pooled)
+
+    def residual(self, x: torch.Tensor, block: int) -> torch.Tensor:
+        """Images [B, C, H, W] -> the residual [B, T, D] entering block `block` (blocks
+        0..block-1 run, with their hooks), for `forward(..., start_at=block)`."""
+        if not 0 < block <= self.cfg.depth:
+            raise ValueError(f"block {block} is not in 1..{self.cfg.depth}")
+        x, (gh, gw) = self.embed(x)
+        return self._blocks(x, gh, gw, 0, block)
+
+    def _blocks(self, x: torch.Tensor, gh: int, gw: int, first: int, stop: int) -> torch.Tensor:
+        """Blocks first..stop-1 on the residual [B, T, D] of a gh x gw grid."""
+        tables = self.rotary_tables(gh, gw)
+        for i in range(first, stop):
+            rotary = None if tables is None else tables[min(i, tables.shape[0] - 1)]
+            x = self.blocks[i](x, rotary)
+        return x
 
     def norm_site(self, name: str) -> tuple[str, LayerNorm] | None:
         """For a LayerNorm's output hook, the residual hook it normalises and the norm itself:

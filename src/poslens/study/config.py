@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from poslens._config import ANALYSIS_PRECISIONS, experiment_sets, one_of, positive_int
+from poslens._config import ANALYSIS_PRECISIONS, AUTO, experiment_sets, one_of, positive_int
 from poslens.errors import ConfigError
 from poslens.experiments import EXPERIMENTS
 from poslens.limits import check_count
@@ -54,7 +54,7 @@ class StudyConfig:
     probe_images: int = 150
     batch_size: int = 0  # 0: chosen per model and device (limits.auto_batch_size)
     ssdc_images: int = 0  # SSDC on the first ssdc_images of n_images (0: all)
-    precision: str = "fp32"  # the experiments' forward passes: fp32, bf16 or fp16 (autocast)
+    precision: str = "fp32"  # the experiments' forward passes: fp32, bf16 / fp16 (autocast), auto
     # "experiment=model,model": run that experiment only on those models (the others record why);
     # a name is a study model or an encoding (so "sae_causal=ape" covers a pretrained APE ViT)
     only: tuple[str, ...] = ()
@@ -244,8 +244,12 @@ DEFAULT_TRAIN = (
 
 
 def preset(name: str, **changes: Any) -> StudyConfig:
-    """A named preset with optional field changes (e.g. models=..., seeds=...)."""
+    """A named preset with optional field changes (e.g. models=..., seeds=...). A pretrained
+    study's forward passes are its cost: unless `precision` is given they run under "auto" (bf16
+    where the device runs it natively, else fp32; docs/pretrained.md), trained models' in fp32."""
     one_of("study.preset", name, PRESETS)
+    if changes.get("pretrained") and "precision" not in changes:
+        changes = changes | {"precision": AUTO}
     if name == "quick":  # CI smoke: tiny everything, verdicts inconclusive by design
         cfg = StudyConfig(
             preset="quick",

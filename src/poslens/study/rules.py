@@ -473,6 +473,9 @@ class Rule:
     # the kinds of the rules that judge it (study.plan.in_situ_runs): the rest would be paid for
     # and never read.
     removal: tuple[str, ...] = ()
+    # whether its effect or notes read a position_removal condition's RPI numbers (RPI-SSDC, the
+    # probes under RPI): an in-situ control's conditions run their RPI pass only then
+    removal_rpi: bool = False
 
     @property
     def id(self) -> str:

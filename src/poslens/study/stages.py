@@ -19,7 +19,7 @@ import poslens
 from poslens.data import Task
 from poslens.errors import CheckpointError, DataError
 from poslens.experiments.analyze import analyze
-from poslens.experiments.config import ExperimentConfig, with_batch
+from poslens.experiments.config import ExperimentConfig, resolved
 from poslens.experiments.readout import ReferenceCache, eval_images
 from poslens.interventions import in_situ
 from poslens.io import (
@@ -232,7 +232,7 @@ def load_stage(source: Source, ecfg: ExperimentConfig, device: str) -> dict[str,
     """A pretrained run's first stage: load the model and images, and measure test accuracy on the
     evaluation images (the pretrained counterpart of a trained model's training summary)."""
     model, data = source.load(device)
-    ecfg = with_batch(ecfg, model)
+    ecfg = resolved(ecfg, model)
     x, y = eval_images(data, ecfg)
     dev, n_classes = model.head.weight.device, model.cfg.num_classes
     edit = {"in_situ": source.edit, "not_applied": source.not_applied} if source.edit else {}

@@ -15,18 +15,20 @@ import torch
 from poslens import distributed
 from poslens.data import Task
 from poslens.experiments.conditions import planes_off
-from poslens.experiments.config import with_batch
+from poslens.experiments.config import resolved
 from poslens.experiments.heads.config import Config, window_last
 from poslens.experiments.heads.result import Heads, Rebuild, WindowControl
 from poslens.experiments.heads.units import Unit, head_mask, heads_off, units_of, window_mask
 from poslens.experiments.readout import (
     ConditionResult,
     FixedProbes,
+    Prefix,
     Readout,
     Reference,
     ReferenceCache,
     eval_images,
     measure,
+    prefix,
     reference,
     site_labels,
     summarise,
@@ -215,20 +217,31 @@ def measure_rebuilding(
     advance: Advance,
     fixed: FixedProbes | None = None,
     known: dict[bytes, Readout] | None = None,
+    first: int = 0,
 ) -> dict[str, Readout]:
     """One readout per mask, probed at the output when cfg.rebuild_probes. A mask measured
     before is not measured again: one in `known` (readouts measured the same way, by
     mask_key), or one met earlier in `masks` (with one later block, head h is that block's
-    b<block>h<h>)."""
+    b<block>h<h>). Where a readout is one clean pass (no SSDC, no probes), the masks that agree
+    on blocks 0..first-1 (the window, or none of it) share those blocks' pass (readout.prefix),
+    which gives the same numbers: about half the forward passes with the window at mid-depth."""
     sites = [model.cfg.depth] if cfg.rebuild_probes else []
     rpi_pass = cfg.rebuild_ssdc or bool(sites)
     seen = dict(known or {})
+    prefixes: dict[bytes, Prefix] = {}
     out = {}
     for key, mask in masks.items():
         k = mask_key(mask)
         if k not in seen:
+            resume = None
+            if first > 0 and not rpi_pass:
+                head = mask.clone()
+                head[first:] = False  # the mask on blocks 0..first-1 alone
+                if mask_key(head) not in prefixes:
+                    prefixes[mask_key(head)] = prefix(model, x, cfg, planes_off(head), first)
+                resume = prefixes[mask_key(head)]
             seen[k] = measure(model, x, y, cfg, planes_off(mask), probe_sites=sites, fixed=fixed,
-                              rpi_pass=rpi_pass)  # fmt: skip
+                              rpi_pass=rpi_pass, resume=resume)  # fmt: skip
         out[key] = seen[k]
         advance()
     return out
@@ -362,7 +375,7 @@ def run(
 ) -> Heads:
     """Carrying, cumulative top-k, rebuilding (rotary models) and attention statistics of every
     head of `model`, against its intact baseline and floor."""
-    cfg = with_batch(cfg or Config(), model)
+    cfg = resolved(cfg or Config(), model)
     x, y = eval_images(data, cfg)
     depth = model.cfg.depth
     plan = plan_rebuilding(model, cfg)
@@ -384,7 +397,8 @@ def run(
         carrying, carried = score_carrying(model, x, y, cfg, ref, at_site, carry_units, advance)
         cumulative = score_cumulative(model, x, y, cfg, ref, at_site, carrying, draws, advance)
         known = carried_readouts(model, cfg, ref.probe_site, carried)
-        readouts = measure_rebuilding(model, x, y, cfg, masks, advance, ref.fixed, known)
+        first = 0 if plan.last is None else plan.last + 1
+        readouts = measure_rebuilding(model, x, y, cfg, masks, advance, ref.fixed, known, first)
         readouts |= {"intact": ref.base}
 
     windows, rebuilding = score_rebuilding(readouts, plan, rebuild_units, out_site=depth)

@@ -10,7 +10,7 @@ import torch
 
 from poslens.data import Task
 from poslens.experiments.conditions import Condition, floor_condition
-from poslens.experiments.config import with_batch
+from poslens.experiments.config import resolved
 from poslens.experiments.readout import (
     PROBE_KINDS,
     Readout,
@@ -253,7 +253,7 @@ def run(
 ) -> SAECausal:
     """The causal test at every site in cfg.sites (SAEs trained here unless given by site); the
     intact baseline is the reference's (readout.baseline), reused from `references`."""
-    cfg = with_batch(cfg or Config(), model)
+    cfg = resolved(cfg or Config(), model)
     resolve_sites(model, cfg, probe_block=0)  # ConfigError for a bad hook name before any work
     x, y = eval_images(data, cfg)
     all_sites = list(range(model.cfg.depth + 1))
