@@ -52,7 +52,7 @@ def block_flops(tokens: int, dim: int, hidden: int) -> float:
 
 def stand_in(posenc: str, num_classes: int) -> ViT:
     """A ViT-B/16's shape (depth 12, width 768, 12 heads) at 32 px, random weights."""
-    cfg = ModelConfig(image_size=32, patch_size=16, in_chans=3, num_classes=num_classes, dim=768,
+    cfg = ModelConfig(image_size=32, patch_size=16, in_chans=1, num_classes=num_classes, dim=768,
                       depth=12, heads=12, posenc=posenc, rope_theta=100.0)  # fmt: skip
     return build_model(cfg, seed=0).eval()
 
