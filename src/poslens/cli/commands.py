@@ -356,6 +356,10 @@ def cmd_study(args: argparse.Namespace) -> int:
     from poslens.limits import check_output_dir
     from poslens.study import preset, run_study
 
+    if args.preset == "ladder":
+        return _ladder(args)
+    if args.rungs is not None:
+        raise UserError("--rungs goes with --preset ladder")
     changes: dict[str, object] = {} if args.precision is None else {"precision": args.precision}
     if args.no_in_situ:
         changes["in_situ"] = False
@@ -396,6 +400,47 @@ def cmd_study(args: argparse.Namespace) -> int:
         print(f"{c['title'][:57]:<58} {c['verdict']}")
     total = results["timings"]["total_seconds"]
     print(f"results in {args.out} (report.html, report.md, results.json) after {total:.0f}s")
+    return 0
+
+
+def _ladder(args: argparse.Namespace) -> int:
+    """`poslens study --preset ladder`: every rung's study, then the ladder's report."""
+    from poslens.limits import check_output_dir
+    from poslens.study.ladder import ladder_preset, run_ladder
+
+    refused = [flag for flag, given in (("--pretrained", args.pretrained), ("--data", args.data),
+               ("--rebuild-finetune", args.rebuild_finetune)) if given]  # fmt: skip
+    if refused:
+        raise UserError(
+            f"{refused[0]} does not go with --preset ladder: the ladder trains its own models on "
+            "the relation task"
+        )
+    changes: dict[str, object] = {} if args.precision is None else {"precision": args.precision}
+    kw: dict[str, object] = {"in_situ": not args.no_in_situ, "changes": changes}
+    if args.models is not None:
+        kw["models"] = tuple(m.strip() for m in args.models.split(",") if m.strip())
+    if args.seeds is not None:
+        kw["seeds"] = args.seeds
+    cfg = ladder_preset(args.rungs, **kw)
+    check_output_dir(args.out)
+    results = run_ladder(
+        cfg,
+        args.out,
+        progress=not args.no_progress,
+        device=args.device,
+        threads=args.threads,
+        jobs=args.jobs,
+        slurm=_slurm_options(args),
+    )
+    names = [r["name"] for r in results["rungs"]]
+    print(f"{'claim level':<44} " + " ".join(f"{n[:13]:<14}" for n in names))
+    for cl in results["claims"]:
+        label = f"{cl['title'][:30]} ({cl['level']})"
+        print(f"{label[:43]:<44} " + " ".join(f"{cl['rungs'][n]['verdict'][:13]:<14}"
+                                               for n in names))  # fmt: skip
+    total = results["timings"]["total_seconds"]
+    print(f"results in {args.out} (report.html, report.md, results.json, ladder.csv; each rung in "
+          f"rungs/) after {total:.0f}s")  # fmt: skip
     return 0
 
 

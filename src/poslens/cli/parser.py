@@ -168,7 +168,19 @@ def build_parser(prog: str = "poslens") -> argparse.ArgumentParser:
         "CSV, figures, report.html and report.md. Rerun the same command to continue an "
         "interrupted study.",
     )
-    sy.add_argument("--preset", choices=("quick", "default", "paper"), default="default")
+    sy.add_argument(
+        "--preset",
+        choices=("quick", "default", "paper", "ladder"),
+        default="default",
+        help="quick (smoke test), default (the calibrated study), paper (sized for a GPU), or "
+        "ladder: the study along a scale ladder of grid, width, depth and task (docs/ladder.md; "
+        "an hour or more on 2 cores)",
+    )
+    sy.add_argument(
+        "--rungs",
+        help="with --preset ladder: comma-separated rungs to run (default all: "
+        "g6,g10,g14,g14_w64,d8,d12,g6_quadrant)",
+    )
     sy.add_argument("--models", help="comma-separated encodings (default: the preset's)")
     sy.add_argument("--seeds", type=int, help="seeds per model (default: the preset's)")
     sy.add_argument(

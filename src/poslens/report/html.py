@@ -58,7 +58,7 @@ def esc(text: Any) -> str:
     return html.escape(str(text), quote=True)
 
 
-def _table(
+def table(
     head: Sequence[str], rows: Iterable[Sequence[str]], num_from: int = 99, cls: str = ""
 ) -> str:
     """A plain table of text cells (escaped); columns from num_from on are right-aligned numbers."""
@@ -145,7 +145,7 @@ def _calibration(results: Mapping[str, Any]) -> str:
         return f'<section id="calibration"><h2>Calibration</h2>{intro}<p>No control models in this study.</p></section>'
     return (
         f'<section id="calibration"><h2>Calibration</h2>{intro}'
-        + _table(c.CALIBRATION_HEAD, rows)
+        + table(c.CALIBRATION_HEAD, rows)
         + "</section>"
     )
 
@@ -154,7 +154,7 @@ def _setup(results: Mapping[str, Any]) -> str:
     """Config, environment and the per-model, per-seed training table."""
     head, rows = c.training_table(results)
     train = (
-        _table(head, rows, num_from=1, cls="training")
+        table(head, rows, num_from=1, cls="training")
         if rows
         else "<p>No training runs recorded.</p>"
     )
@@ -241,10 +241,10 @@ def _timings(results: Mapping[str, Any]) -> str:
     """Wall time in total and per stage, with whether a stage was reused from an earlier run."""
     t = results.get("timings") or {}
     rows = c.timing_rows(results)
-    table = _table(c.TIMING_COLUMNS, rows, num_from=2) if rows else ""
+    timing = table(c.TIMING_COLUMNS, rows, num_from=2) if rows else ""
     return (
         f'<section id="timings"><h2>Timings</h2><p>Total wall time: '
-        f"{esc(c.fmt_duration(t.get('total_seconds')))}.</p>{table}</section>"
+        f"{esc(c.fmt_duration(t.get('total_seconds')))}.</p>{timing}</section>"
     )
 
 

@@ -182,7 +182,8 @@ FIGURES: dict[str, tuple[str, Callable[[dict[str, Agg]], Figure | None]]] = {
 }
 
 
-def _save(fig: Figure, path: Path) -> None:
+def save_figure(fig: Figure, path: Path) -> None:
+    """Write `fig` as PNG and SVG beside each other, each atomically."""
     for fmt in ("png", "svg"):
         atomic_write(path.with_suffix(f".{fmt}"),
                      lambda p, fmt=fmt: fig.savefig(p, format=fmt, dpi=120))  # fmt: skip
@@ -196,7 +197,7 @@ def study_figures(
     entries: list[dict[str, Any]] = []
     glance = claims_at_a_glance(claims or [])
     if glance is not None:
-        _save(glance, out / "figures" / f"{CLAIMS_FIGURE}.png")
+        save_figure(glance, out / "figures" / f"{CLAIMS_FIGURE}.png")
         entries.append({"title": "Claims at a glance: every level's effect per study model and "
                         "control, with the threshold and the original's value",
                         "png": f"figures/{CLAIMS_FIGURE}.png", "svg": f"figures/{CLAIMS_FIGURE}.svg",
@@ -208,7 +209,7 @@ def study_figures(
             fig = make(aggs)
             if fig is not None:
                 path = out / "figures" / f"{name}.png"
-                _save(fig, path)
+                save_figure(fig, path)
                 entries.append({"title": title, "png": f"figures/{name}.png",
                                 "svg": f"figures/{name}.svg", "experiment": name, "model": None})  # fmt: skip
         for m, e in models.items():
@@ -223,4 +224,4 @@ def study_figures(
     return entries
 
 
-__all__ = ["FIGURES", "claims_at_a_glance", "study_figures"]
+__all__ = ["FIGURES", "claims_at_a_glance", "save_figure", "study_figures"]
