@@ -237,3 +237,17 @@ def test_cli_refuses_what_the_ladder_cannot_take(
         err = capsys.readouterr().err.strip()
         assert match in err and "\n" not in err and "Traceback" not in err
         assert not out.exists()  # refused before any write
+
+
+@pytest.mark.parametrize("grid", [6, 10, 14])
+def test_rowcol_chance_is_the_share_of_random_cells(grid: int) -> None:
+    """The chance level beside the APE table's share: a table of independent random cells."""
+    import torch
+
+    from poslens.metrics.stats import row_col_share
+    from poslens.study.ladder import rowcol_chance
+
+    gen = torch.Generator().manual_seed(grid)
+    shares = [row_col_share(torch.randn(grid, grid, 64, generator=gen))["rowcol_share"]
+              for _ in range(20)]  # fmt: skip
+    assert abs(sum(shares) / len(shares) - rowcol_chance(grid)) < 0.01

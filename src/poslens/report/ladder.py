@@ -62,7 +62,12 @@ def claim_rows(results: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
 def prediction_rows(results: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
     """Rows = rungs with an APE model, columns = the predictions' numbers (mean [95% CI])."""
     preds = results["predictions"]
-    head = ["Rung", "G^2 / width", *(p["label"] for p in preds)]
+    head = [
+        "Rung",
+        "G^2 / width",
+        "row + column share of random cells",
+        *(p["label"] for p in preds),
+    ]
     rows = []
     for r in results["rungs"]:
         if not any(p["rungs"].get(r["name"]) for p in preds):
@@ -77,7 +82,8 @@ def prediction_rows(results: Mapping[str, Any]) -> tuple[list[str], list[list[st
                 cells.append(f"{c.fmt_num(t.mean)} [{c.fmt_num(t.ci_low)}, {c.fmt_num(t.ci_high)}]")
             else:
                 cells.append(f"{c.fmt_num(t.mean)} ({t.n} seed{'s' * (t.n != 1)})")
-        rows.append([r["name"], c.fmt_num(float(r["g2_per_width"])), *cells])
+        rows.append([r["name"], c.fmt_num(float(r["g2_per_width"])),
+                     c.fmt_num(float(r["rowcol_chance"])), *cells])  # fmt: skip
     return head, rows
 
 
@@ -127,8 +133,9 @@ def render_html(results: Mapping[str, Any], out_dir: Path) -> str:
         h.table(head, rows),
         "</section>",
         '<section id="predictions"><h2>APE: row and column factors as G^2 outgrows the width</h2>',
-        "<p>Per rung, the APE model's learned table's row + column share of variance and the "
-        "SAE's positional latents by kind (mean over seeds, two-sided 95% t-interval).</p>",
+        "<p>Per rung, the APE model's learned table's row + column share of variance (beside the "
+        "share a table of independent random cells has, 2 / (G + 1)) and the SAE's positional "
+        "latents by kind (mean over seeds, two-sided 95% t-interval).</p>",
         h.table(phead, prows, num_from=1) if prows else "<p>No rung ran an APE model.</p>",
         "</section>",
         f'<section id="figures"><h2>Figures</h2><div class="figures">{figs}</div></section>',

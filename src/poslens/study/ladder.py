@@ -283,6 +283,14 @@ PREDICTIONS = (
 )  # fmt: skip
 
 
+def rowcol_chance(grid: int) -> float:
+    """The row + column share of a table of independent random cells on a G x G grid:
+    (G - 1) / (G^2 - 1) per axis of the two-way decomposition's degrees of freedom, 2 / (G + 1)
+    in all (0.29 at G = 6, 0.13 at G = 14): what the table's share must exceed to mean more than
+    a cell code."""
+    return 2 / (grid + 1)
+
+
 def _test_summary(t: dict[str, Any]) -> dict[str, Any]:
     keep = ("n", "seeds", "mean", "ci", "lower", "upper", "p_holm", "values", "detected")
     return {k: t.get(k) for k in keep}
@@ -325,6 +333,7 @@ def ladder_results(
             "folder": folder,
             "report": f"{folder}/report.html",
             "g2_per_width": rung.grid**2 / rung.width,
+            "rowcol_chance": rowcol_chance(rung.grid),
             "models": {m: {k: e.get(k) for k in ("posenc", "scale", "in_situ", "aggregate")}
                        for m, e in r["models"].items()},
             "claims": r["claims"],
@@ -393,5 +402,6 @@ __all__ = [
     "Rung",
     "ladder_preset",
     "ladder_results",
+    "rowcol_chance",
     "run_ladder",
 ]

@@ -155,11 +155,13 @@ def predictions_figure(results: dict[str, Any]) -> Figure | None:
     ratio_b = vit_b["grid"] ** 2 / vit_b["width"] if vit_b else None
     for r in rungs:
         x = r["g2_per_width"]
+        ax_share.plot([x], [r["rowcol_chance"]], "x", color="grey", ms=6,
+                      label="random cells, 2 / (G + 1)")  # fmt: skip
         mean, lo, hi = _ci(preds["table_rowcol_share"]["rungs"].get(r["name"]))
         if math.isfinite(mean):
             if math.isfinite(lo):
                 ax_share.plot([x, x], [lo, hi], color="black", lw=1.5, alpha=0.6)
-            ax_share.plot([x], [mean], "o", color="black", ms=5)
+            ax_share.plot([x], [mean], "o", color="black", ms=5, label="learned table")
             ax_share.annotate(r["name"], (x, mean), fontsize=7, xytext=(4, 3),
                               textcoords="offset points")  # fmt: skip
         for kind, color, marker in (("rowcol", "tab:green", "s"), ("cell", "tab:red", "D")):
@@ -186,9 +188,10 @@ def predictions_figure(results: dict[str, Any]) -> Figure | None:
     ax_share.set_title("APE position table (learned)", fontsize=8, loc="left")
     ax_lat.set_ylabel("positional latents of the SAE", fontsize=8)
     ax_lat.set_title("APE SAE at the claims' site", fontsize=8, loc="left")
-    h, lab = ax_lat.get_legend_handles_labels()
-    keep = dict(zip(lab, h, strict=True))
-    ax_lat.legend(keep.values(), keep.keys(), fontsize=7)
+    for ax in (ax_share, ax_lat):
+        h, lab = ax.get_legend_handles_labels()
+        keep = dict(zip(lab, h, strict=True))  # one entry per label
+        ax.legend(keep.values(), keep.keys(), fontsize=7)
     return fig
 
 
