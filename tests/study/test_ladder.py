@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from poslens.cli import main
-from poslens.errors import ConfigError
+from poslens.errors import ConfigError, UserError
 from poslens.study.ladder import (
     LADDER,
     SCHEMA,
@@ -184,6 +184,33 @@ def test_csv_figures_and_report(ladder: tuple[Path, dict[str, Any]]) -> None:
         assert all(f"rungs/{n}/report.html" in text for n in "abcq")
         assert "Claims along the ladder" in text and "G^2 / width" in text
     assert page.count("data:image/png;base64,") == len(res["figures"])
+
+
+def test_results_follow_the_ladder_schema_and_report_rerenders(
+    ladder: tuple[Path, dict[str, Any]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import shutil
+
+    from poslens.report.schema import check_results, results_schema
+
+    out, res = ladder
+    jsonschema = pytest.importorskip("jsonschema")
+    jsonschema.validate(res, results_schema(SCHEMA))  # the reference validator
+    check_results(res)  # poslens's own checker, which `poslens report` runs
+    broken = {k: v for k, v in res.items() if k != "rungs"}
+    with pytest.raises(UserError, match="poslens.ladder/1: the document lacks the required key"):
+        check_results(broken)
+    bad_rung = json.loads(json.dumps(res))
+    bad_rung["rungs"][0]["relation"] = "diagonal"  # through allOf -> $defs/shape
+    with pytest.raises(UserError, match="rungs\\[0\\].relation must be one of"):
+        check_results(bad_rung)
+    # `poslens report DIR` re-renders a ladder folder's own report from its results.json
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy, ignore=shutil.ignore_patterns("rungs"))
+    (copy / "report.html").unlink()
+    assert main(["report", str(copy)]) == 0
+    assert "Claims along the ladder" in (copy / "report.html").read_text()
+    capsys.readouterr()
 
 
 def test_rerun_reuses_every_stage(ladder: tuple[Path, dict[str, Any]]) -> None:

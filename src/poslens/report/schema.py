@@ -1,6 +1,6 @@
 """Check results.json against its JSON schema (poslens/study/schema.json) without extra packages.
 
-Supports the keywords that schema uses: $ref to #/$defs, type, const, enum, required,
+Supports the keywords the schemas use: $ref to #/$defs, allOf, type, const, enum, required,
 properties, additionalProperties, items, minItems, minimum and pattern. The first violation is
 reported as one line naming its key path, so a hand-edited or foreign results.json is refused
 before the report renders it.
@@ -25,10 +25,16 @@ _TYPES: dict[str, Any] = {
 }
 
 
+# results.json schemas by their `schema` value: a study's, and a ladder's (`--preset ladder`)
+SCHEMA_FILES = {"poslens.study/2": "schema.json", "poslens.ladder/1": "ladder_schema.json"}
+
+
 @cache
-def results_schema() -> dict[str, Any]:
-    """The results.json schema shipped with poslens."""
-    return json.loads(resources.files("poslens.study").joinpath("schema.json").read_text())
+def results_schema(name: str = "poslens.study/2") -> dict[str, Any]:
+    """A results.json schema shipped with poslens (a study's by default)."""
+    text = resources.files("poslens.study").joinpath(SCHEMA_FILES[name]).read_text()
+    schema: dict[str, Any] = json.loads(text)
+    return schema
 
 
 def _is(value: Any, kind: str) -> bool:
@@ -58,6 +64,10 @@ def schema_error(
         if not ref.startswith("#/$defs/"):
             raise ValueError(f"unsupported $ref {ref}")
         return schema_error(value, root["$defs"][ref[len("#/$defs/") :]], root, at)
+    for sub in schema.get("allOf", []):
+        err = schema_error(value, sub, root, at)
+        if err is not None:
+            return err
     if "const" in schema and value != schema["const"]:
         return f"{where} must be {schema['const']!r}, got {_short(value)}"
     if "enum" in schema and value not in schema["enum"]:
@@ -101,8 +111,10 @@ def schema_error(
 
 
 def check_results(results: Any, source: str = "results.json") -> None:
-    """UserError naming the first schema violation of a results document."""
-    schema = results_schema()
+    """UserError naming the first schema violation of a results document (checked against the
+    schema it names, a study's where it names none that poslens knows)."""
+    name = results.get("schema") if isinstance(results, dict) else None
+    schema = results_schema(name if name in SCHEMA_FILES else "poslens.study/2")
     err = schema_error(results, schema, schema)
     if err is not None:
         raise UserError(f"{source} does not follow the results schema {schema['$id']}: {err}")
