@@ -34,29 +34,56 @@ def effect_text(t: Mapping[str, Any] | None) -> str:
     return f"{mean} ({n} seed{'s' * (n != 1)}, no interval)"
 
 
-def rung_cell(rc: Mapping[str, Any]) -> str:
-    """One claim level on one rung: each study model's effect, the verdict, the calibration."""
-    models = "; ".join(f"{m} {effect_text(t)}" for m, t in rc["models"].items()) or "not run"
+def calibration_text(rc: Mapping[str, Any]) -> str:
+    """Whether the rung's controls of this level came out as designed."""
     cal = rc["calibration"]
     if not rc["controls"]:
-        calib = "no controls"
-    else:
-        calib = ("controls as designed" if cal["passed"] else
-                 "controls incomplete" if not cal["complete"] else "controls NOT as designed")  # fmt: skip
-    return f"{models} — {c.verdict_label(rc)}; {calib}"
+        return "no controls"
+    if cal["passed"]:
+        return "controls as designed"
+    return "controls incomplete" if not cal["complete"] else "controls NOT as designed"
+
+
+def model_lines(rc: Mapping[str, Any]) -> list[str]:
+    """Each study model's effect on one rung: 'ape 0.41 [0.30, 0.52]'."""
+    return [f"{m} {effect_text(t)}" for m, t in rc["models"].items()] or ["not run"]
+
+
+def rung_cell(rc: Mapping[str, Any]) -> str:
+    """One claim level on one rung: each study model's effect, the verdict, the calibration."""
+    return f"{'; '.join(model_lines(rc))} — {c.verdict_label(rc)}; {calibration_text(rc)}"
+
+
+def original_cell(cl: Mapping[str, Any]) -> str:
+    ref = cl.get("reference") or {}
+    orig = c.fmt_num(float(ref["effect"])) if ref.get("effect") is not None else c.NONE
+    return f"{ref.get('original_verdict', c.NONE)}; {orig}"
 
 
 def claim_rows(results: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
     """Rows = claim levels, columns = rungs."""
     names = [r["name"] for r in results["rungs"]]
     head = ["Claim", "Level", *names, "The original (ViT-B/16)"]
-    rows = []
-    for cl in results["claims"]:
-        ref = cl.get("reference") or {}
-        orig = c.fmt_num(float(ref["effect"])) if ref.get("effect") is not None else c.NONE
-        rows.append([cl["title"], cl["level_name"], *(rung_cell(cl["rungs"][n]) for n in names),
-                     f"{ref.get('original_verdict', c.NONE)}; {orig}"])  # fmt: skip
+    rows = [[cl["title"], cl["level_name"], *(rung_cell(cl["rungs"][n]) for n in names),
+             original_cell(cl)] for cl in results["claims"]]  # fmt: skip
     return head, rows
+
+
+def _claims_html(results: Mapping[str, Any]) -> str:
+    """The claims table with one line per study model and the verdict as a badge."""
+    names = [r["name"] for r in results["rungs"]]
+    head, _ = claim_rows(results)
+    out = ["<table><thead><tr>", *(f"<th>{h.esc(x)}</th>" for x in head), "</tr></thead><tbody>"]
+    for cl in results["claims"]:
+        out.append(f"<tr><th>{h.esc(cl['title'])}</th><td>{h.esc(cl['level_name'])}</td>")
+        for n in names:
+            rc = cl["rungs"][n]
+            lines = "<br>".join(h.esc(x) for x in model_lines(rc))
+            out.append(f'<td class="num">{lines}<br>{h.badge(rc["verdict"], c.verdict_label(rc))}'
+                       f'<small class="seeds">{h.esc(calibration_text(rc))}</small></td>')  # fmt: skip
+        out.append(f"<td>{h.esc(original_cell(cl))}</td></tr>")
+    out.append("</tbody></table>")
+    return "".join(out)
 
 
 def prediction_rows(results: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
@@ -87,10 +114,17 @@ def prediction_rows(results: Mapping[str, Any]) -> tuple[list[str], list[list[st
     return head, rows
 
 
+def _models_text(models: Mapping[str, Any]) -> str:
+    """'ape, rope_axial (+ 6 in-situ controls)': the trained models, the edits counted."""
+    trained = [m for m, e in models.items() if not (e or {}).get("in_situ")]
+    edits = len(models) - len(trained)
+    return ", ".join(trained) + (f" (+ {edits} in-situ controls)" if edits else "")
+
+
 def rung_rows(results: Mapping[str, Any]) -> list[list[str]]:
     secs = (results.get("timings") or {}).get("rung_study_seconds", {})
     return [[r["name"], str(r["grid"]), str(r["width"]), str(r["depth"]), r["relation"],
-             c.fmt_num(float(r["g2_per_width"])), ", ".join(r["models"]),
+             c.fmt_num(float(r["g2_per_width"])), _models_text(r["models"]),
              c.fmt_duration(secs.get(r["name"]))] for r in results["rungs"]]  # fmt: skip
 
 
@@ -114,7 +148,6 @@ BOUNDS_NOTE = (
 
 
 def render_html(results: Mapping[str, Any], out_dir: Path) -> str:
-    head, rows = claim_rows(results)
     phead, prows = prediction_rows(results)
     rungs = "".join(
         f'<li><a href="{h.esc(quote(r["report"]))}">{h.esc(r["name"])}</a>: '
@@ -130,7 +163,7 @@ def render_html(results: Mapping[str, Any], out_dir: Path) -> str:
         f"<p>Each rung's own report: </p><ul>{rungs}</ul></section>",
         '<section id="claims"><h2>Claims along the ladder</h2>',
         f"<p>{h.esc(BOUNDS_NOTE)}</p>",
-        h.table(head, rows),
+        _claims_html(results),
         "</section>",
         '<section id="predictions"><h2>APE: row and column factors as G^2 outgrows the width</h2>',
         "<p>Per rung, the APE model's learned table's row + column share of variance (beside the "
