@@ -213,6 +213,19 @@ def test_results_follow_the_ladder_schema_and_report_rerenders(
     capsys.readouterr()
 
 
+def test_the_cli_summary_has_a_line_per_claim_level(ladder: tuple[Path, dict[str, Any]]) -> None:
+    from poslens.cli.commands import ladder_summary
+
+    _, res = ladder
+    lines = ladder_summary(res).splitlines()
+    assert len(lines) == 1 + len(res["claims"])
+    assert lines[0].split()[-4:] == ["a", "b", "c", "q"]
+    rebuild = next(line for line in lines if line.startswith("rope_rebuilds (sharper)"))
+    mean = res["claims"][5]["rungs"]["c"]["models"]["rope_axial"]["mean"]
+    assert res["claims"][5]["id"] == "rope_rebuilds.sharper"
+    assert rebuild.split()[-2] == f"{mean:.2f}"  # rung c's rope_axial
+
+
 def test_rerun_reuses_every_stage(ladder: tuple[Path, dict[str, Any]]) -> None:
     out, res = ladder
     again = run_ladder(TINY_LADDER, out, progress=False, say=lambda _: None)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from poslens.errors import UserError
 
@@ -432,16 +432,26 @@ def _ladder(args: argparse.Namespace) -> int:
         jobs=args.jobs,
         slurm=_slurm_options(args),
     )
-    names = [r["name"] for r in results["rungs"]]
-    print(f"{'claim level':<44} " + " ".join(f"{n[:13]:<14}" for n in names))
-    for cl in results["claims"]:
-        label = f"{cl['title'][:30]} ({cl['level']})"
-        print(f"{label[:43]:<44} " + " ".join(f"{cl['rungs'][n]['verdict'][:13]:<14}"
-                                               for n in names))  # fmt: skip
+    print(ladder_summary(results))
     total = results["timings"]["total_seconds"]
     print(f"results in {args.out} (report.html, report.md, results.json, ladder.csv; each rung in "
           f"rungs/) after {total:.0f}s")  # fmt: skip
     return 0
+
+
+def ladder_summary(results: dict[str, Any]) -> str:
+    """Each claim level's study-model effects per rung, one line per level (the terminal view of
+    the report's table; verdicts need 5 seeds, so effects are what a 3-seed ladder shows)."""
+    names = [r["name"] for r in results["rungs"]]
+    lines = [f"{'claim level (mean effect per rung)':<40} " + " ".join(f"{n[:11]:>11}" for n in names)]
+    for cl in results["claims"]:
+        label = f"{cl['claim'][:30]} ({cl['level']})"
+        cells = []
+        for n in names:
+            means = [t["mean"] for t in cl["rungs"][n]["models"].values() if t["mean"] is not None]
+            cells.append("/".join(f"{m:.2f}" for m in means) or "-")
+        lines.append(f"{label[:39]:<40} " + " ".join(f"{x[:11]:>11}" for x in cells))
+    return "\n".join(lines)
 
 
 def _slurm_options(args: argparse.Namespace) -> SlurmOptions | None:
