@@ -210,7 +210,9 @@ def test_unhooked_rotation_is_the_hooked_rotation_bit_for_bit(posenc: str, layou
     grads = []
     for hooked in (False, True):
         model.zero_grad()
-        noop = [("blocks.1.attn.hook_rot_k", lambda t, n: None)] if hooked else []
+        # ln_final hooked in both passes: every token goes through the last block (no CLS exit)
+        noop = [("ln_final.hook_normalized", lambda t, n: None)]
+        noop += [("blocks.1.attn.hook_rot_k", lambda t, n: None)] if hooked else []
         with model.hooks(noop):
             out = model(x)
         out.square().sum().backward()

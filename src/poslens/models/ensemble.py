@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
+from poslens.models.attention import softmax_attention
 from poslens.models.posenc import (
     Rotary,
     channel_tables,
@@ -138,10 +139,11 @@ class StackedViT(nn.Module):
         if cls_only:
             q = self.linear(x[:, :, :1], name, slice(0, D)).view(S * B, 1, H, dh).transpose(1, 2)
             kv = self.linear(x, name, slice(D, 3 * D)).view(S, B, T, 2, H, dh)
-            turn, v = kv[:, :, :, :1], kv[:, :, :, 1]
+            turn, v = kv.split((1, 1), dim=3)  # split: a one-pass backward (a cat), as the ViT's
         else:
             qkv = self.linear(x, name).view(S, B, T, 3, H, dh)
-            turn, v = qkv[:, :, :, :2], qkv[:, :, :, 2]
+            turn, v = qkv.split((2, 1), dim=3)
+        v = v.squeeze(3)
         layout, compiling = cfg.rope_layout, torch.compiler.is_compiling()
         if table is not None and not compiling:  # eager: q and k in one pass over contiguous memory
             cos, sin = token_major_tables(table, layout, turn.dtype, turn.shape[3], H)
@@ -158,9 +160,8 @@ class StackedViT(nn.Module):
             q, k, v = heads
         if x.is_cuda or not torch.is_grad_enabled():
             z = F.scaled_dot_product_attention(q, k, v)  # as the ViT: fused where it pays
-        else:
-            scores = (q * dh**-0.5) @ k.transpose(-2, -1)  # [S*B, H, T|1, T]
-            z = scores.softmax(dim=-1) @ v
+        else:  # the ViT's CPU training kernel: scores [S*B, H, T|1, T] in cache-sized slices
+            z = softmax_attention(q, k, v, dh**-0.5)
         z = z.transpose(1, 2).reshape(S, B, q.shape[2], D)
         return self.linear(z, f"blocks.{i}.attn.proj")
 

@@ -16,6 +16,7 @@ from torch import nn
 
 from poslens.errors import UserError
 from poslens.models import hooks
+from poslens.models.attention import softmax_attention
 from poslens.models.config import ModelConfig
 from poslens.models.hooks import HookedModule, HookPoint
 from poslens.models.posenc import (
@@ -61,24 +62,33 @@ class Attention(nn.Module):
         # then the output is their sum (so in-place edits count) instead of one projection
         self.hook_result = HookPoint()
 
-    def forward(self, x: torch.Tensor, rotary: torch.Tensor | None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, rotary: torch.Tensor | None, first_query: bool = False
+    ) -> torch.Tensor:
+        """x [B, T, D] -> [B, T, D]; first_query: [B, 1, D], the first token's output alone (its
+        query against every key; the other queries are left out, so no hook may be active)."""
         B, T, D = x.shape
         qkv = self.qkv(x).reshape(B, T, 3, self.heads, self.head_dim)  # token-major
         rope = self.rope_layout is not None and rotary is not None
         if rope and not any(h.active for h in self.rotation_hooks()):
             # nobody reads or rewrites q, k or the table: rotate q and k together in the linear's
             # layout, over contiguous memory (the same numbers as the per-head path below)
+            # (split and unbind, not indexing: their backward writes qkv's gradient in one pass,
+            # where each index would zero-fill a whole [B, T, 3, H, dh] and the parts then add up)
             cos, sin = token_major_tables(rotary, self.rope_layout, qkv.dtype, 2, self.heads)
-            qk = rotate(qkv[:, :, :2], cos, sin, self.rope_layout)  # [B, T, 2, H, dh]
+            qk, v = qkv.split((2, 1), dim=2)
+            qk = rotate(qk, cos, sin, self.rope_layout)  # [B, T, 2, H, dh]
             q, k = qk.permute(2, 0, 3, 1, 4).unbind(0)
-            v = self.hook_v(qkv[:, :, 2].transpose(1, 2))
+            v = self.hook_v(v.squeeze(2).transpose(1, 2))
         else:
-            qkv = qkv.permute(2, 0, 3, 1, 4)
-            q, k, v = self.hook_q(qkv[0]), self.hook_k(qkv[1]), self.hook_v(qkv[2])
+            q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+            q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
             if rope:
                 cos, sin = channel_tables(self.hook_rotary(rotary), self.rope_layout, q.dtype)
                 q = self.hook_rot_q(rotate(q, cos, sin, self.rope_layout))
                 k = self.hook_rot_k(rotate(k, cos, sin, self.rope_layout))
+        if first_query:
+            q, T = q[:, :, :1], 1  # [B, H, 1, dh]
         reads_pattern = self.hook_attn_scores.active or self.hook_pattern.active
         records_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
         if not reads_pattern and (x.is_cuda or not records_grad):
@@ -86,6 +96,9 @@ class Attention(nn.Module):
             # autograd (0.7-0.95x the explicit path's time); CPU backward through it is slower
             # (2.5-6x under bf16). benchmarks/attention_cpu.py measures both.
             z = F.scaled_dot_product_attention(q, k, v)
+        elif not reads_pattern:  # CPU training: the same formula, in cache-sized batch slices;
+            # q [B, H, T|1, dh], k, v [B, H, T, dh] (strided views of qkv) -> z [B, H, T|1, dh]
+            z = softmax_attention(q, k, v, self.scale)
         else:
             scores = self.hook_attn_scores((q * self.scale) @ k.transpose(-2, -1))
             pattern = self.hook_pattern(scores.softmax(dim=-1))
@@ -134,9 +147,14 @@ class Block(nn.Module):
         self.hook_mlp_out = HookPoint()
         self.hook_resid_post = HookPoint()
 
-    def forward(self, x: torch.Tensor, rotary: torch.Tensor | None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, rotary: torch.Tensor | None, first_only: bool = False
+    ) -> torch.Tensor:
+        """x [B, T, D] -> [B, T, D]; first_only: [B, 1, D], the first token's output alone (the
+        other tokens' are left uncomputed, so nothing after ln1 may be hooked; see ViT._blocks)."""
         x = self.hook_resid_pre(x)
-        x = self.hook_resid_mid(x + self.hook_attn_out(self.attn(self.ln1(x), rotary)))
+        attn = self.hook_attn_out(self.attn(self.ln1(x), rotary, first_only))
+        x = self.hook_resid_mid((x[:, :1] if first_only else x) + attn)
         return self.hook_resid_post(x + self.hook_mlp_out(self.mlp(self.ln2(x))))
 
 
@@ -260,8 +278,8 @@ class ViT(HookedModule):
                 raise ValueError(f"start_at={start_at} needs a residual [B, T, D] and a block")
         else:
             x, (gh, gw) = self.embed(x)
-        x = self._blocks(x, gh, gw, start_at, self.cfg.depth)
-        x = self.ln_final(x)
+        x = self._blocks(x, gh, gw, start_at, self.cfg.depth, cls_exit=self.cls_exit())
+        x = self.ln_final(x)  # [B, 1, D] after a CLS exit
         pooled = x[:, 0] if self.cfg.pool == "cls" else x[:, self.cfg.num_prefix :].mean(dim=1)
         return self.head(pooled)
 
@@ -273,13 +291,30 @@ class ViT(HookedModule):
         x, (gh, gw) = self.embed(x)
         return self._blocks(x, gh, gw, 0, block)
 
-    def _blocks(self, x: torch.Tensor, gh: int, gw: int, first: int, stop: int) -> torch.Tensor:
-        """Blocks first..stop-1 on the residual [B, T, D] of a gh x gw grid."""
+    def _blocks(
+        self, x: torch.Tensor, gh: int, gw: int, first: int, stop: int, cls_exit: bool = False
+    ) -> torch.Tensor:
+        """Blocks first..stop-1 on the residual [B, T, D] of a gh x gw grid; cls_exit: block
+        stop-1 computes the first token's output alone ([B, 1, D])."""
         tables = self.rotary_tables(gh, gw)
         for i in range(first, stop):
             rotary = None if tables is None else tables[min(i, tables.shape[0] - 1)]
-            x = self.blocks[i](x, rotary)
+            x = self.blocks[i](x, rotary, first_only=cls_exit and i == stop - 1)
         return x
+
+    def cls_exit(self) -> bool:
+        """Whether a training pass computes only the first token's output in the last block (as
+        StackedViT does): with CLS pooling nothing else of that block reaches the logits, and its
+        attention from one query instead of T (a quarter of a depth-4 model's attention) is
+        exact. Only while training with autograd on (analysis passes keep every token), and only
+        when no hook reads or rewrites anything of the last block after its ln1, nor ln_final
+        (hook points or plain module hooks), which would see [B, 1, D] instead of [B, T, D]."""
+        if self.cfg.pool != "cls" or not (self.training and torch.is_grad_enabled()):
+            return False
+        last = self.blocks[-1]
+        seen = {last.hook_resid_pre, last.ln1, last.ln1.hook_normalized}  # [B, T, D] as ever
+        modules = [m for m in last.modules() if m not in seen] + [*self.ln_final.modules()]
+        return not any(m._forward_hooks or m._forward_pre_hooks for m in modules)
 
     def norm_site(self, name: str) -> tuple[str, LayerNorm] | None:
         """For a LayerNorm's output hook, the residual hook it normalises and the norm itself:
