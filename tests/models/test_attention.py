@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 import poslens.models.attention as attention
 from poslens.models import build_model
-from poslens.models.attention import slice_rows, softmax_attention
+from poslens.models.attention import slice_rows, sliced_attention, softmax_attention
 from poslens.models.ensemble import StackedViT
 from tests.conftest import tiny
 
@@ -45,7 +45,7 @@ def test_sliced_attention_is_the_whole_formula_forward_and_backward(
     monkeypatch.setattr(attention, "SLICE_BYTES", rows * 4 * H * T * T)
     assert slice_rows(B, H, T, T) == min(rows, B)
     q, k, v, leaf = qkv_views(B, H, T, dh)
-    got = softmax_attention(q, k, v, dh**-0.5)
+    got = sliced_attention(q, k, v, dh**-0.5)
     (grad_got,) = torch.autograd.grad((got * got.detach().sin()).sum(), leaf)
     q, k, v, leaf = qkv_views(B, H, T, dh)
     want = whole(q, k, v, dh**-0.5)
@@ -59,7 +59,7 @@ def test_sliced_attention_takes_one_query_against_all_keys(monkeypatch: pytest.M
     """The ensemble's last block attends from the CLS query alone: q [N, H, 1, dh]."""
     monkeypatch.setattr(attention, "SLICE_BYTES", 2 * 4 * 2 * 1 * 17)
     q, k, v, _ = qkv_views(5, 2, 17, 8)
-    got = softmax_attention(q[:, :, :1], k, v, 0.3)
+    got = sliced_attention(q[:, :, :1], k, v, 0.3)
     torch.testing.assert_close(got, whole(q[:, :, :1], k, v, 0.3), atol=1e-6, rtol=0)
 
 

@@ -8,16 +8,19 @@ strides, e.g. views of the qkv linear's token-major output [N, T, 3, H, dh]); sc
 Written out over the whole batch, the scores and the pattern of a 14 x 14 grid (T = 197, 4
 heads, batch 64) are 40 MB each, so the softmax and every matmul after the first stream them
 through memory, forward and backward. A slice of n images (n x H score matrices of Tq x T) runs
-all three ops, and autograd later their backwards, on scores that stay in cache: forward plus
-backward took 0.45-0.5x the whole batch's time at T = 197 and 0.6-0.65x at T = 101 (dh 8 and
-16, one thread; `benchmarks/attention_cpu.py --slices`). Every slice computes exactly the ops
-of the whole (the same matmul per matrix, the same softmax per row), so the numbers are the
+all three ops, and autograd later their backwards, on scores that stay in cache. Measured on a
+2-core AMD EPYC shared with another job (`benchmarks/attention_cpu.py --slices`, one thread):
+alone, forward plus backward took 0.45-0.7x the whole batch's time at T = 101-197 when the
+whole batch's blocks were mapped fresh on every call (glibc's default over 32 MB), but
+0.8-1.1x with freed memory kept (poslens.allocator, as the CLI trains); inside the training step
+(memory kept) the slices gave 1.0-1.4x at the 14 x 14 rungs. Every slice computes exactly the
+ops of the whole (the same matmul per matrix, the same softmax per row), so the numbers are the
 same up to float rounding.
 
 In fp32 (no autocast), with head dim >= 16 and at least 64 keys, torch's fused
-F.scaled_dot_product_attention trains faster still (forward plus backward 0.76-1.0x the slices'
-time at T = 65-197, dh 16-32; at dh 8, or T = 37, 1.0-1.2x: the slices), so there the fused kernel
-runs instead; its bf16 backward is 2.5-6x slower (docs/benchmarks.md), so never under autocast.
+F.scaled_dot_product_attention trains faster (forward plus backward 0.5-0.9x the whole batch's
+time at T = 65-197, dh 16-32; at dh 8, or T = 37, 1.0-1.4x), so there the fused kernel runs
+instead; its bf16 backward is 2.5-6x slower (docs/benchmarks.md), so never under autocast.
 """
 
 from __future__ import annotations
@@ -25,9 +28,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-# bytes of fp32 scores per slice: 0.5-4 MB were about equally fast at T = 101 and 197 on a 2-core
-# AMD EPYC (1 MB L2 per core, 32 MB L3), 2 MB the fastest at T = 197; a batch whose scores fit
-# (T = 37: 1.4 MB for batch 64) stays whole, where slicing gained nothing
+# bytes of fp32 scores per slice, on a 2-core AMD EPYC (1 MB L2 per core, 32 MB L3): 2 MB was the
+# fastest at T = 197 without kept freed memory, 0.25-4 MB within noise with it; a batch whose
+# scores fit (T = 37: 1.4 MB for batch 64) stays whole
 SLICE_BYTES = 2 << 20
 # where fp32 training takes the fused kernel instead (see above)
 FUSED_MIN_HEAD_DIM, FUSED_MIN_KEYS = 16, 64
@@ -43,10 +46,17 @@ def slice_rows(n: int, heads: int, tq: int, t: int, budget: int | None = None) -
 def softmax_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
 ) -> torch.Tensor:
-    """softmax(q k^T * scale) v over the last two dims, in batch slices of SLICE_BYTES of scores
-    (or fused, see fused_trains_faster); q [N, H, Tq, dh], k, v [N, H, T, dh] -> z [N, H, Tq, dh]."""
+    """softmax(q k^T * scale) v over the last two dims: fused where fused_trains_faster, else
+    sliced_attention; q [N, H, Tq, dh], k, v [N, H, T, dh] -> z [N, H, Tq, dh]."""
     if fused_trains_faster(q, k):
         return F.scaled_dot_product_attention(q, k, v, scale=scale)
+    return sliced_attention(q, k, v, scale)
+
+
+def sliced_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """The written-out formula in batch slices of SLICE_BYTES of scores (shapes as above)."""
     N, H, Tq, _ = q.shape
     rows = slice_rows(N, H, Tq, k.shape[2])
     if rows >= N or torch.compiler.is_compiling():  # inductor fuses the whole batch itself
@@ -72,4 +82,10 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> 
     return scores.softmax(dim=-1) @ v
 
 
-__all__ = ["SLICE_BYTES", "fused_trains_faster", "slice_rows", "softmax_attention"]
+__all__ = [
+    "SLICE_BYTES",
+    "fused_trains_faster",
+    "slice_rows",
+    "sliced_attention",
+    "softmax_attention",
+]
