@@ -9,6 +9,12 @@ batch 64) and ViT-B/16 at 224 px (batch 8). Times are the minimum over repeats, 
 interleaved; the ratio is fused / explicit (below 1: the fused kernel is faster).
 
     python benchmarks/attention_cpu.py [--threads 1] [--repeats 25]
+
+--slices instead measures the CPU training kernels (poslens.models.attention): forward plus
+backward in fp32 at the scale ladder's attention shapes (batch 64, 4 heads; grid 6, 8, 10, 14;
+head dim 8, 16 and 32), the formula written out over the whole batch against batch slices of
+0.25 to 4 MB of scores and against the fused kernel, time of each over the whole batch's, with
+freed memory kept as training keeps it (poslens.allocator).
 """
 
 from __future__ import annotations
@@ -20,6 +26,9 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+
+from poslens.allocator import keep_freed_memory
+from poslens.models import attention
 
 Attn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -64,13 +73,56 @@ def case(
     }
 
 
+def sliced_case(shape: tuple[int, int, int, int], budgets: list[int], repeats: int) -> dict:
+    """Minimum seconds of forward plus backward (fp32) of the written-out attention over the
+    whole batch and in slices of each budget (bytes of scores), as the model's qkv views."""
+    B, H, T, dh = shape
+    torch.manual_seed(0)
+    qkv = torch.randn(B, T, 3 * H * dh, requires_grad=True)
+    q, k, v = qkv.reshape(B, T, 3, H, dh).permute(2, 0, 3, 1, 4)
+    runs: dict[str, int | None] = {"whole": 2**62, **{f"{b / 2**20:g} MB": b for b in budgets}}
+    runs["fused"] = None
+    best = dict.fromkeys(runs, float("inf"))
+    before = attention.SLICE_BYTES
+    try:
+        for r in range(repeats + 2):  # the first two rounds warm up
+            for name, budget in runs.items():
+                t = time.perf_counter()
+                if budget is None:
+                    F.scaled_dot_product_attention(q, k, v).sum().backward()
+                else:
+                    attention.SLICE_BYTES = budget
+                    attention.sliced_attention(q, k, v, dh**-0.5).sum().backward()
+                if r >= 2:
+                    best[name] = min(best[name], time.perf_counter() - t)
+    finally:
+        attention.SLICE_BYTES = before
+    return {
+        "shape_BHTdh": list(shape),
+        "rows_per_slice": {
+            n: attention.slice_rows(B, H, T, T, b) for n, b in runs.items() if b is not None
+        },
+        "ms": {k: round(v * 1e3, 2) for k, v in best.items()},
+        "over_whole": {k: round(v / best["whole"], 2) for k, v in best.items()},
+    }
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--repeats", type=int, default=25)
+    p.add_argument("--slices", action="store_true", help="the sliced training kernel instead")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {args.threads} thread(s), min of {args.repeats}")
+    if args.slices:
+        keep_freed_memory()  # as training does
+        budgets = [2**18, 2**19, 2**20, 2**21, 2**22]
+        for grid in (6, 8, 10, 14):
+            for dh in (8, 16, 32):
+                shape = (64, 4, grid * grid + 1, dh)
+                print(json.dumps(sliced_case(shape, budgets, args.repeats)))
+        return
     shapes = {
         "default model, analysis batch": ((250, 4, 65, 32), (False,)),
         "default model, training batch": ((64, 4, 65, 32), (False, True)),

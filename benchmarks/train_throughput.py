@@ -22,6 +22,7 @@ import json
 import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -125,6 +126,45 @@ def measure(
     return times, first
 
 
+def bench_config(
+    cfg: ModelConfig,
+    batch: int,
+    precision: str,
+    seeds: list[int],
+    rounds: int,
+    steps: int,
+    clock: Clock,
+    timm: bool = True,
+    compile: bool = False,
+) -> list[dict[str, Any]]:
+    """One row per candidate (poslens, timm unless left out, an ensemble per size in `seeds`,
+    also compiled with `compile`) of one model config at one precision, measured together:
+    run, seeds, img_s (median round, all seeds), img_s_range, gflop_s, first_step_s."""
+    flops = build_model(cfg).flops_per_image(train=True)
+    x = torch.randn(batch, cfg.in_chans, cfg.image_size, cfg.image_size)
+    y = torch.randint(0, cfg.num_classes, (batch,))
+    candidates = {"poslens": single_step(build_model(cfg, seed=0), x, y, precision)}
+    if timm:
+        candidates["timm"] = single_step(timm_vit(cfg), x, y, precision)
+    for s in seeds:
+        for comp in (False, True) if compile else (False,):
+            name = f"ensemble{s}" + (" compiled" if comp else "")
+            candidates[name] = ensemble_step(cfg, s, x, y, precision, comp)
+    times, first = measure(candidates, rounds, steps, clock)
+    rows: list[dict[str, Any]] = []
+    for name, ts in times.items():
+        ens = name.startswith("ensemble")
+        members = int(name.split()[0].removeprefix("ensemble")) if ens else 1
+        # images/s over all seeds: what S sequential runs are compared by
+        rates = sorted(members * batch / t for t in ts)
+        median = statistics.median(rates)
+        rows.append({
+            "run": name, "seeds": members, "img_s": median, "img_s_range": [rates[0], rates[-1]],
+            "gflop_s": median * flops / 1e9, "first_step_s": first[name],
+        })  # fmt: skip
+    return rows
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", default="5", help="ensemble sizes, comma-separated (default 5)")
@@ -165,30 +205,13 @@ def main() -> None:
             peaks[threads, prec] = matmul_peak(DTYPES[prec], clock)
         for posenc in args.models.split(","):
             cfg = ModelConfig(posenc=posenc, dim=args.dim, depth=args.depth, image_size=args.image)
-            flops = build_model(cfg).flops_per_image(train=True)
-            x = torch.randn(args.batch, cfg.in_chans, cfg.image_size, cfg.image_size)
-            y = torch.randint(0, cfg.num_classes, (args.batch,))
             for prec in precisions:
-                candidates = {"poslens": single_step(build_model(cfg, seed=0), x, y, prec)}
-                if not args.no_timm:
-                    candidates["timm"] = single_step(timm_vit(cfg), x, y, prec)
-                for s in seeds:
-                    for comp in (False, True) if args.compile else (False,):
-                        name = f"ensemble{s}" + (" compiled" if comp else "")
-                        candidates[name] = ensemble_step(cfg, s, x, y, prec, comp)
-                times, first = measure(candidates, args.rounds, args.steps, clock)
-                for name, ts in times.items():
-                    ens = name.startswith("ensemble")
-                    members = int(name.split()[0].removeprefix("ensemble")) if ens else 1
-                    # images/s over all seeds: what S sequential runs are compared by
-                    rates = sorted(members * args.batch / t for t in ts)
-                    median = statistics.median(rates)
+                for r in bench_config(cfg, args.batch, prec, seeds, args.rounds, args.steps, clock,
+                                      timm=not args.no_timm, compile=args.compile):  # fmt: skip
+                    peak = peaks[threads, prec]
                     rows.append({
-                        "threads": threads, "posenc": posenc, "precision": prec, "run": name,
-                        "seeds": members, "img_s": median, "img_s_range": [rates[0], rates[-1]],
-                        "gflop_s": median * flops / 1e9, "peak_gflop_s": peaks[threads, prec],
-                        "frac_of_peak": median * flops / 1e9 / peaks[threads, prec],
-                        "first_step_s": first[name],
+                        "threads": threads, "posenc": posenc, "precision": prec, **r,
+                        "peak_gflop_s": peak, "frac_of_peak": r["gflop_s"] / peak,
                     })  # fmt: skip
     seq = {
         (r["threads"], r["posenc"], r["precision"]): r["img_s"]
