@@ -495,7 +495,6 @@ def cmd_report(args: argparse.Namespace) -> int:
     from poslens.io import read_json
     from poslens.report import write_report
     from poslens.report.schema import check_results
-    from poslens.study.ladder import SCHEMA as LADDER_SCHEMA
 
     out_dir = Path(args.dir)
     if not out_dir.is_dir():
@@ -503,12 +502,6 @@ def cmd_report(args: argparse.Namespace) -> int:
     path = out_dir / "results.json"
     results = read_json(path, "results")  # size, depth and finite numbers bounded
     check_results(results, str(path))
-    if results.get("schema") == LADDER_SCHEMA:  # a ladder's folder: its own report
-        from poslens.report.ladder import write_ladder_report
-
-        written = write_ladder_report(out_dir, results)
-    else:
-        written = write_report(out_dir, results)
-    for p in written:
+    for p in write_report(out_dir, results):  # a study's or a ladder's report
         print(p)
     return 0

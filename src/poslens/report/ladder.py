@@ -9,12 +9,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from poslens.io import atomic_write
 from poslens.metrics.stats import seed_test
 from poslens.report import common as c
 from poslens.report import html as h
 from poslens.report import markdown as md
 
+SCHEMA = "poslens.ladder/1"  # the ladder's results.json (study.ladder writes it)
 RUNG_HEAD = ["Rung", "Grid", "Width", "Depth", "Relation", "G^2 / width", "Models", "Seconds"]
 
 
@@ -199,16 +199,4 @@ def render_markdown(results: Mapping[str, Any], out_dir: Path | None = None) -> 
     return "\n".join(lines) + "\n"
 
 
-def write_ladder_report(out_dir: Path, results: Mapping[str, Any]) -> list[Path]:
-    """Render both ladder reports and write them atomically into out_dir."""
-    out_dir = Path(out_dir)
-    texts = {
-        out_dir / "report.html": render_html(results, out_dir),
-        out_dir / "report.md": render_markdown(results, out_dir),
-    }
-    for path, text in texts.items():
-        atomic_write(path, lambda p, t=text: p.write_text(t, encoding="utf-8"))
-    return list(texts)
-
-
-__all__ = ["render_html", "render_markdown", "write_ladder_report"]
+__all__ = ["SCHEMA", "render_html", "render_markdown"]

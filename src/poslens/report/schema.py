@@ -15,6 +15,7 @@ from importlib import resources
 from typing import Any
 
 from poslens.errors import UserError
+from poslens.report.ladder import SCHEMA as LADDER_SCHEMA
 
 _TYPES: dict[str, Any] = {
     "object": dict,
@@ -26,7 +27,7 @@ _TYPES: dict[str, Any] = {
 
 
 # results.json schemas by their `schema` value: a study's, and a ladder's (`--preset ladder`)
-SCHEMA_FILES = {"poslens.study/2": "schema.json", "poslens.ladder/1": "ladder_schema.json"}
+SCHEMA_FILES = {"poslens.study/2": "schema.json", LADDER_SCHEMA: "ladder_schema.json"}
 
 
 @cache

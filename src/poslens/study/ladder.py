@@ -36,6 +36,7 @@ from poslens.experiments import position_removal
 from poslens.experiments import sae_causal as sae
 from poslens.io import atomic_write, jsonable, locked, write_json
 from poslens.limits import check_count
+from poslens.report.ladder import SCHEMA
 from poslens.study.config import StudyConfig, preset
 from poslens.study.plan import experiment_configs, run_config
 from poslens.study.run import environment, run_study
@@ -43,7 +44,6 @@ from poslens.study.slurm import SlurmOptions
 from poslens.training.config import PRESETS as MODEL_PRESETS
 from poslens.training.config import preset as model_preset
 
-SCHEMA = "poslens.ladder/1"
 LADDER_BASES = ("default", "quick")  # the preset each rung starts from (quick: smoke tests)
 PATCH = 4  # the study's patch size: a G x G grid is G * PATCH pixels
 AXES = ("grid", "width", "depth", "task")  # the ladders a rung can lie on
@@ -263,9 +263,9 @@ def run_ladder(
         results = jsonable(results)
         write_json(out / "results.json", results)
         atomic_write(out / "ladder.csv", lambda p: p.write_text(ladder_csv(results)))
-        from poslens.report.ladder import write_ladder_report
+        from poslens.report import write_report
 
-        write_ladder_report(out, results)
+        write_report(out, results)
     return results
 
 
