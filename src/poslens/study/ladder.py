@@ -22,6 +22,7 @@ from __future__ import annotations
 import csv
 import io
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -229,7 +230,7 @@ def run_ladder(
     threads: int = 0,
     jobs: int = 1,
     slurm: SlurmOptions | None = None,
-    say: Any = print,
+    say: Callable[[str], object] = print,
 ) -> dict[str, Any]:
     """Run (or continue) every rung's study into OUT/rungs/NAME, then write the ladder's
     results.json, ladder.csv, figures and report; returns the results.json content."""
@@ -246,7 +247,7 @@ def run_ladder(
                 device=device, threads=threads, jobs=jobs, slurm=slurm,
             )  # fmt: skip
             seconds[rung.name] = round(time.perf_counter() - t, 1)
-        results = ladder_results(cfg, rung_results, out)
+        results = ladder_results(cfg, rung_results)
         results["environment"] = environment(threads or torch.get_num_threads(), jobs)
         results["config"]["device"] = device
         results["timings"] = {
@@ -319,9 +320,7 @@ def _rung_claim(cl: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def ladder_results(
-    cfg: LadderConfig, rung_results: dict[str, dict[str, Any]], out: Path
-) -> dict[str, Any]:
+def ladder_results(cfg: LadderConfig, rung_results: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """The ladder's results from each rung's study results: every rung (its shape, models,
     claims and aggregates), every claim level across rungs, and the predictions' numbers."""
     rungs = []
