@@ -32,6 +32,7 @@ import torch
 
 from poslens._config import one_of
 from poslens._version import __version__
+from poslens.data.config import RELATIONS
 from poslens.errors import ConfigError
 from poslens.experiments import position_removal
 from poslens.experiments import sae_causal as sae
@@ -39,6 +40,7 @@ from poslens.io import atomic_write, jsonable, locked, write_json
 from poslens.limits import check_count
 from poslens.report.ladder import SCHEMA
 from poslens.study.config import StudyConfig, preset
+from poslens.study.ladder_figures import AXES, ladder_figures
 from poslens.study.plan import experiment_configs, run_config
 from poslens.study.run import environment, run_study
 from poslens.study.slurm import SlurmOptions
@@ -47,10 +49,8 @@ from poslens.training.config import preset as model_preset
 
 LADDER_BASES = ("default", "quick")  # the preset each rung starts from (quick: smoke tests)
 PATCH = 4  # the study's patch size: a G x G grid is G * PATCH pixels
-AXES = ("grid", "width", "depth", "task")  # the ladders a rung can lie on
 # The original's ViT-B/16 on each numeric axis (METHODS.md, "Orientation"), marked in the figures
 VIT_B = {"grid": 14, "width": 768, "depth": 12}
-RELATIONS = ("sector", "quadrant")
 REBUILD_CONTROLS = ("rope_rebuild", "rope_late")  # trained: no weight edit plants rebuilding
 
 
@@ -258,8 +258,6 @@ def run_ladder(
                 n: r["timings"]["total_seconds"] for n, r in rung_results.items()
             },
         }
-        from poslens.study.ladder_figures import ladder_figures
-
         results["figures"] = ladder_figures(out, results)
         results = jsonable(results)
         write_json(out / "results.json", results)

@@ -11,9 +11,11 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import ScalarFormatter
 
+from poslens.data.config import RELATIONS
 from poslens.metrics.stats import seed_test
 from poslens.study.figures import save_figure
 
+AXES = ("grid", "width", "depth", "task")  # the ladders a rung can lie on (study.ladder.Rung)
 AXIS_NAME = {"grid": "grid side G", "width": "width", "depth": "depth", "task": "relation"}
 COLORS = ("black", "tab:blue", "tab:purple", "tab:brown", "tab:olive")
 
@@ -26,8 +28,7 @@ def _axis_rungs(results: dict[str, Any], axis: str) -> list[dict[str, Any]]:
     """The rungs on one ladder axis, in the axis's order."""
     rungs = [r for r in results["rungs"] if axis in r["ladders"]]
     if axis == "task":
-        order = ("sector", "quadrant")
-        return sorted(rungs, key=lambda r: order.index(r["relation"]))
+        return sorted(rungs, key=lambda r: RELATIONS.index(r["relation"]))
     return sorted(rungs, key=lambda r: r[axis])
 
 
@@ -42,7 +43,7 @@ def _axis_label(rungs: list[dict[str, Any]], axis: str) -> str:
 
 
 def _x(rung: dict[str, Any], axis: str) -> float:
-    return float(("sector", "quadrant").index(rung["relation"])) if axis == "task" else rung[axis]
+    return float(RELATIONS.index(rung["relation"])) if axis == "task" else rung[axis]
 
 
 def claim_figure(results: dict[str, Any], claim: str) -> Figure | None:
@@ -51,7 +52,7 @@ def claim_figure(results: dict[str, Any], claim: str) -> Figure | None:
     rung's controls came out as designed; the threshold dashed; the original's ViT-B value a star
     at ViT-B's grid, width or depth."""
     levels = [c for c in results["claims"] if c["claim"] == claim]
-    axes_used = [a for a in ("grid", "width", "depth", "task") if _axis_rungs(results, a)]
+    axes_used = [a for a in AXES if _axis_rungs(results, a)]
     if not levels or not axes_used:
         return None
     fig = Figure(figsize=(3.1 * len(axes_used) + 0.8, 2.6 * len(levels) + 0.6),
@@ -107,8 +108,8 @@ def claim_figure(results: dict[str, Any], claim: str) -> Figure | None:
                     pad = 0.08 * (hi_x - lo_x) + 0.6
                     ax.set_xlim(lo_x - pad, hi_x + pad)
             if axis == "task":
-                ax.set_xticks([0, 1], ["sector", "quadrant"])
-                ax.set_xlim(-0.5, 1.5)
+                ax.set_xticks(range(len(RELATIONS)), RELATIONS)
+                ax.set_xlim(-0.5, len(RELATIONS) - 0.5)
             else:
                 ticks = sorted({r[axis] for r in rungs} | ({vit_b[axis]} if axis in vit_b
                                                             and ref_effect is not None else set()))  # fmt: skip
