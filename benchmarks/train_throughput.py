@@ -136,17 +136,17 @@ def bench_config(
     clock: Clock,
     timm: bool = True,
     compile: bool = False,
-    cls_exit: bool = False,
+    cls_exit: bool = True,
 ) -> list[dict[str, Any]]:
     """One row per candidate (poslens, timm unless left out, an ensemble per size in `seeds`,
     also compiled with `compile`) of one model config at one precision, measured together (the
-    single poslens model with its opt-in CLS exit where `cls_exit`):
+    single poslens model without its CLS exit unless `cls_exit`):
     run, seeds, img_s (median round, all seeds), img_s_range, gflop_s, first_step_s."""
     flops = build_model(cfg).flops_per_image(train=True)
     x = torch.randn(batch, cfg.in_chans, cfg.image_size, cfg.image_size)
     y = torch.randint(0, cfg.num_classes, (batch,))
     single = build_model(cfg, seed=0)
-    single.train_cls_exit = cls_exit  # the opt-in CLS exit of the plain training step
+    single.train_cls_exit = cls_exit  # the plain training step's CLS exit (on by default)
     candidates = {"poslens": single_step(single, x, y, precision)}
     if timm:
         candidates["timm"] = single_step(timm_vit(cfg), x, y, precision)

@@ -128,8 +128,6 @@ def test_cls_exit_equals_the_whole_last_block(
     """Training, nothing hooked: the last block attends from the CLS query alone; a no-op hook
     on its output forces every token through it. Logits and every gradient agree."""
     model, x = tiny(posenc, **kw).train(), torch.randn(4, 1, 16, 16)
-    assert not model.cls_exit()  # off unless asked for
-    model.train_cls_exit = True
     T = model.cfg.num_prefix + 16
     calls = attention_queries(monkeypatch)
     assert model.cls_exit()
@@ -146,12 +144,11 @@ def test_cls_exit_equals_the_whole_last_block(
 
 def test_cls_exit_only_where_nothing_sees_the_last_blocks_tokens() -> None:
     model = tiny("rope_axial").train()
-    assert not model.cls_exit()  # off unless asked for
+    assert model.cls_exit()  # on by default
+    model.train_cls_exit = False
+    assert not model.cls_exit()  # off when asked
     model.train_cls_exit = True
-    assert model.cls_exit()
-    mean_pool = tiny("rope_axial", pool="mean").train()
-    mean_pool.train_cls_exit = True
-    assert not mean_pool.cls_exit()
+    assert not tiny("rope_axial", pool="mean").train().cls_exit()
     assert not model.eval().cls_exit()  # analysis passes keep every token
     model.train()
     with torch.no_grad():

@@ -167,11 +167,10 @@ class ViT(HookedModule):
         # the torch seed the weights were initialised from, where known (build_model; poslens.load
         # from the checkpoint's train.seed): what rebuilds the initialisation (axis_map's init)
         self.init_seed: int | None = None
-        # opt-in (cls_exit): a training pass computes only the CLS token's output in the last
-        # block, as StackedViT always does (1.2-1.5x faster at 14 x 14; docs/benchmarks.md). Off by
-        # default: it changes the float rounding of `poslens train`'s trajectories, and so the
-        # single-model numbers measured before it (docs/training.md); the study trains ensembles
-        self.train_cls_exit = False
+        # cls_exit: a training pass computes only the CLS token's output in the last block, as
+        # StackedViT always does (1.2-1.5x faster at 14 x 14; docs/benchmarks.md); False keeps
+        # every token (the float rounding of trajectories trained before the exit existed)
+        self.train_cls_exit = True
         D, g = cfg.dim, cfg.grid
         self.patch_embed = nn.Conv2d(cfg.in_chans, D, cfg.patch_size, stride=cfg.patch_size)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, D)) if cfg.cls_token else None
@@ -309,9 +308,9 @@ class ViT(HookedModule):
 
     def cls_exit(self) -> bool:
         """Whether a training pass computes only the first token's output in the last block (as
-        StackedViT does; on request, `train_cls_exit`): with CLS pooling nothing else of that block reaches the logits, and its
-        attention from one query instead of T (a quarter of a depth-4 model's attention) is
-        exact. Only while training with autograd on (analysis passes keep every token), and only
+        StackedViT does; `train_cls_exit`, on by default): with CLS pooling nothing else of that
+        block reaches the logits, and its attention from one query instead of T (a quarter of a
+        depth-4 model's attention) is exact. Only while training with autograd on (analysis passes keep every token), and only
         when no hook reads or rewrites anything of the last block after its ln1, nor ln_final
         (hook points or plain module hooks), which would see [B, 1, D] instead of [B, T, D]."""
         if not self.train_cls_exit or self.cfg.pool != "cls":
