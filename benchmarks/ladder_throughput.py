@@ -1,13 +1,15 @@
 """Training throughput along the scale ladder: every rung's training step, poslens against timm's
-VisionTransformer of the same shape, and S seeds as one ensemble against S sequential runs.
+ViT of the same shape and encoding, and S seeds as one ensemble against S sequential runs.
 
 The rungs (issue 29; patch 4, 4 heads, batch 64, fp32): g6, g10, g14 (a 6, 10, 14 patch grid:
 24, 40, 56 px) at width 32 and depth 4; g14_w64 (grid 14, width 64); d8 and d12 (grid 6, width
 32, depth 8 and 12). Per rung and thread count it reports images/s of one poslens model (what
-sequential runs achieve), of timm's APE ViT and of an S-seed ensemble (all seeds counted), the
-ratios poslens / timm and ensemble / sequential, and each one's share of the fp32 matmul peak
-(images/s x the model's flops_per_image(train=True), the whole model's matmul FLOPs, over a
-large matmul's GFLOP/s measured in this run at the same thread count). The step and the
+sequential runs achieve), of timm's ViT with the same encoding (for rope_axial timm's naver-style
+RoPE ViT, Eva with rotary attention; for ape its VisionTransformer), of timm's APE ViT, and of an
+S-seed ensemble (all seeds counted), the ratios poslens / timm and ensemble / sequential, and
+each one's share of the fp32 matmul peak (images/s x the model's flops_per_image(train=True), the
+whole model's matmul FLOPs, over a large matmul's GFLOP/s measured in this run at the same thread
+count). The step and the
 interleaved rounds are train_throughput.py's (median round, range over rounds).
 
     python benchmarks/ladder_throughput.py [--rungs g6,g10,g14,g14_w64,d8,d12] [--seeds 5]
@@ -77,28 +79,36 @@ def main() -> None:
                 )
                 by = {r["run"]: r for r in runs}
                 one, timm, ens = by["poslens"], by["timm"], by[f"ensemble{args.seeds}"]
+                # a rotary model's like-for-like baseline: timm's RoPE ViT; else its APE ViT
+                same = by.get("timm rope", timm)
                 rows.append({
                     "threads": threads, "posenc": posenc, "rung": rung, "image": cfg.image_size,
                     "dim": cfg.dim, "depth": cfg.depth, "seeds": args.seeds, "peak_gflop_s": peak,
                     **{f"{k}_{name}": r[k] for name, r in (("poslens", one), ("timm", timm),
-                       ("ensemble", ens)) for k in ("img_s", "img_s_range", "gflop_s")},
+                       ("timm_same", same), ("ensemble", ens))
+                       for k in ("img_s", "img_s_range", "gflop_s")},
                     "vs_timm": one["img_s"] / timm["img_s"],
+                    "vs_timm_same": one["img_s"] / same["img_s"],
+                    "ensemble_vs_timm_same": ens["img_s"] / same["img_s"],
                     "ensemble_vs_sequential": ens["img_s"] / one["img_s"],
                 })  # fmt: skip
                 print(f"measured {threads} thread(s) {posenc} {rung}", flush=True)
     print(f"torch {torch.__version__}, fp32, batch {args.batch}, ensemble of {args.seeds}, "
           f"{args.clock} clock; fp32 matmul peak GFLOP/s: "
           + ", ".join(f"{t} thread(s) {v:.0f}" for t, v in peaks.items()))  # fmt: skip
-    print("| threads | model | rung | poslens img/s | timm img/s | poslens / timm | "
-          f"ensemble of {args.seeds} img/s | ensemble / sequential | % of fp32 peak: poslens, "
-          "timm, ensemble |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| threads | model | rung | poslens img/s | timm, same encoding, img/s | poslens / "
+          "timm | timm APE ViT img/s | poslens / timm APE | "
+          f"ensemble of {args.seeds} img/s | ensemble / sequential | ensemble / timm | "
+          "% of fp32 peak: poslens, timm, ensemble |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         share = ", ".join(f"{r[f'gflop_s_{n}'] / r['peak_gflop_s']:.0%}"
-                          for n in ("poslens", "timm", "ensemble"))  # fmt: skip
+                          for n in ("poslens", "timm_same", "ensemble"))  # fmt: skip
         print(f"| {r['threads']} | {r['posenc']} | {r['rung']} | {_rate(r, 'poslens')} | "
-              f"{_rate(r, 'timm')} | {r['vs_timm']:.2f}x | {_rate(r, 'ensemble')} | "
-              f"{r['ensemble_vs_sequential']:.2f}x | {share} |")  # fmt: skip
+              f"{_rate(r, 'timm_same')} | {r['vs_timm_same']:.2f}x | {_rate(r, 'timm')} | "
+              f"{r['vs_timm']:.2f}x | {_rate(r, 'ensemble')} | "
+              f"{r['ensemble_vs_sequential']:.2f}x | {r['ensemble_vs_timm_same']:.2f}x | "
+              f"{share} |")  # fmt: skip
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"clock": args.clock, "peaks": peaks, "rows": rows}, f, indent=2)

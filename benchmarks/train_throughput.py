@@ -4,7 +4,8 @@ trained as one ensemble vs S sequential runs, same run.
 One training step is forward, backward, gradient-norm clipping (per model) and AdamW, at the
 default study's model size (width 32, depth 4, 4 heads, 24x24 images, patch 4, batch 64). For
 APE and RoPE-Axial, in fp32 and bf16 autocast, at one thread and at all threads, it reports
-images/s of one poslens model (what S sequential runs achieve), of timm's APE ViT, and of an
+images/s of one poslens model (what S sequential runs achieve), of timm's APE ViT (and, for
+RoPE-Axial, timm's naver-style RoPE ViT of the same shape), and of an
 S-seed ensemble (`poslens.training.ensemble`) counted over all its seeds (S x batch images per
 step), with the ratio to sequential runs and the achieved GFLOP/s (images/s x the
 model's flops_per_image(train=True)) as a share of a large matmul's GFLOP/s measured in this run
@@ -30,6 +31,7 @@ import torch.nn.functional as F
 from poslens.allocator import keep_freed_memory
 from poslens.models import ModelConfig, build_model
 from poslens.models.ensemble import StackedViT
+from poslens.models.timm_export import timm_kwargs
 from poslens.precision import autocast, native_bf16
 from poslens.training.config import RunConfig, TrainConfig
 from poslens.training.ensemble import train_step
@@ -70,6 +72,16 @@ def timm_vit(cfg: ModelConfig) -> torch.nn.Module:
         no_embed_class=True,
         global_pool="token",
     )
+
+
+def timm_rope_vit(cfg: ModelConfig) -> torch.nn.Module | None:
+    """timm's naver-style RoPE ViT (Eva with rotary attention) of a rope_axial config's shape:
+    the like-for-like alternative for a rotary model (None for any other encoding)."""
+    if cfg.posenc != "rope_axial":
+        return None
+    from timm.models.eva import Eva
+
+    return Eva(**timm_kwargs(cfg))
 
 
 Step = Callable[[], None]
@@ -138,7 +150,8 @@ def bench_config(
     compile: bool = False,
     cls_exit: bool = True,
 ) -> list[dict[str, Any]]:
-    """One row per candidate (poslens, timm unless left out, an ensemble per size in `seeds`,
+    """One row per candidate (poslens, timm's APE ViT and for rope_axial its RoPE ViT unless left
+    out, an ensemble per size in `seeds`,
     also compiled with `compile`) of one model config at one precision, measured together (the
     single poslens model without its CLS exit unless `cls_exit`):
     run, seeds, img_s (median round, all seeds), img_s_range, gflop_s, first_step_s."""
@@ -150,6 +163,8 @@ def bench_config(
     candidates = {"poslens": single_step(single, x, y, precision)}
     if timm:
         candidates["timm"] = single_step(timm_vit(cfg), x, y, precision)
+        if (rope := timm_rope_vit(cfg)) is not None:
+            candidates["timm rope"] = single_step(rope, x, y, precision)
     for s in seeds:
         for comp in (False, True) if compile else (False,):
             name = f"ensemble{s}" + (" compiled" if comp else "")
@@ -231,7 +246,8 @@ def main() -> None:
     for r in rows:
         ratio = r["img_s"] / seq[r["threads"], r["posenc"], r["precision"]]
         lo, hi = r["img_s_range"]
-        run = {"poslens": "poslens (sequential)", "timm": "timm APE ViT"}.get(
+        run = {"poslens": "poslens (sequential)", "timm": "timm APE ViT",
+               "timm rope": "timm RoPE ViT (Eva)"}.get(
             r["run"], f"ensemble of {r['seeds']}"
         )
         if r["run"].endswith("compiled"):
