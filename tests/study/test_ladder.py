@@ -137,6 +137,13 @@ def test_every_rung_is_a_study_and_the_ladder_keeps_it(
             assert e["scale"]["grid"] == spec.grid and e["scale"]["dim"] == spec.width
             assert e["scale"]["depth"] == spec.depth
             assert rung["models"][m]["aggregate"] == e["aggregate"]
+            training = rung["models"][m]["training"]
+            if e.get("in_situ"):  # an edit of a trained model: its training is the model's
+                assert training is None
+            else:
+                assert training["test_acc"] == [r["train"]["test_acc"] for r in e["runs"]]
+                assert training["stopped_at"] == [r["train"]["stopped_at"] for r in e["runs"]]
+                assert len(training["val_acc"]) == len(e["runs"]) == 2
         # the ladder's per-claim view reads the same numbers as the rung's own claims
         for cl, mine in zip(own["claims"], res["claims"], strict=True):
             view = mine["rungs"][rung["name"]]
@@ -183,6 +190,10 @@ def test_csv_figures_and_report(ladder: tuple[Path, dict[str, Any]]) -> None:
     for text in (page, md):
         assert all(f"rungs/{n}/report.html" in text for n in "abcq")
         assert "Claims along the ladder" in text and "G^2 / width" in text
+        assert "Test accuracy per seed" in text
+    ape_a = res["rungs"][0]["models"]["ape"]["training"]
+    row = f"| a | ape | {', '.join(f'{100 * a:.1f}%' for a in ape_a['test_acc'])} |"
+    assert row in md
     assert page.count("data:image/png;base64,") == len(res["figures"])
 
 

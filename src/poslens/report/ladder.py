@@ -114,6 +114,29 @@ def prediction_rows(results: Mapping[str, Any]) -> tuple[list[str], list[list[st
     return head, rows
 
 
+TRAINING_HEAD = ["Rung", "Model", "Test accuracy per seed", "Early stop (step per seed)", "Chance"]
+TRAINING_NOTE = (
+    "How each trained model's seeds learned the rung's task. A seed marked 'never' ran every "
+    "step without meeting the preset's early-stopping target (train.stop_acc on validation "
+    "accuracy): its numbers in the claims describe a model that learned the task less well."
+)
+
+
+def training_rows(results: Mapping[str, Any]) -> list[list[str]]:
+    """One row per rung and trained model (in-situ controls share their model's training)."""
+    rows = []
+    for r in results["rungs"]:
+        for m, e in r["models"].items():
+            t = (e or {}).get("training")
+            if not t:
+                continue
+            acc = ", ".join(f"{100 * a:.1f}%" for a in t["test_acc"])
+            stops = ", ".join("never" if s is None else f"{s:,}" for s in t["stopped_at"])
+            rows.append([r["name"], m, acc, f"{stops} (of {t['steps']:,})",
+                         f"{100 * t['chance']:.2f}%"])  # fmt: skip
+    return rows
+
+
 def _models_text(models: Mapping[str, Any]) -> str:
     """'ape, rope_axial (+ 6 in-situ controls)': the trained models, the edits counted."""
     trained = [m for m, e in models.items() if not (e or {}).get("in_situ")]
@@ -161,6 +184,10 @@ def render_html(results: Mapping[str, Any], out_dir: Path) -> str:
         '<section id="rungs"><h2>Rungs</h2>',
         h.table(RUNG_HEAD, rung_rows(results), num_from=1),
         f"<p>Each rung's own report: </p><ul>{rungs}</ul></section>",
+        '<section id="training"><h2>Training</h2>',
+        f"<p>{h.esc(TRAINING_NOTE)}</p>",
+        h.table(TRAINING_HEAD, training_rows(results), num_from=2),
+        "</section>",
         '<section id="claims"><h2>Claims along the ladder</h2>',
         f"<p>{h.esc(BOUNDS_NOTE)}</p>",
         _claims_html(results),
@@ -190,6 +217,8 @@ def render_markdown(results: Mapping[str, Any], out_dir: Path | None = None) -> 
     lines = ["# poslens ladder report", "", md.md(summary(results)), "", "## Rungs", ""]
     lines += md.table(RUNG_HEAD, rung_rows(results))
     lines += [f"- [{md.md(r['name'])}]({quote(r['report'])})" for r in results["rungs"]] + [""]
+    lines += ["## Training", "", md.md(TRAINING_NOTE), ""]
+    lines += md.table(TRAINING_HEAD, training_rows(results))
     lines += ["## Claims along the ladder", "", md.md(BOUNDS_NOTE), ""]
     lines += md.table(head, rows)
     lines += ["## APE: row and column factors as G^2 outgrows the width", ""]

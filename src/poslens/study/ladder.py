@@ -318,6 +318,22 @@ def _rung_claim(cl: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _training(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Per seed, how a trained model's training ended: test and validation accuracy and the step
+    early stopping ended at (None: it ran every step, never meeting train.stop_acc). None for
+    runs that record no training (pretrained weights)."""
+    trains = [r.get("train") for r in runs]
+    if not trains or any(t is None for t in trains):
+        return None
+    return {
+        "chance": trains[0]["chance"],
+        "steps": trains[0]["steps"],
+        "test_acc": [t["test_acc"] for t in trains],
+        "val_acc": [t["val_acc"] for t in trains],
+        "stopped_at": [t["stopped_at"] for t in trains],
+    }
+
+
 def ladder_results(cfg: LadderConfig, rung_results: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """The ladder's results from each rung's study results: every rung (its shape, models,
     claims and aggregates), every claim level across rungs, and the predictions' numbers."""
@@ -331,7 +347,8 @@ def ladder_results(cfg: LadderConfig, rung_results: dict[str, dict[str, Any]]) -
             "report": f"{folder}/report.html",
             "g2_per_width": rung.grid**2 / rung.width,
             "rowcol_chance": rowcol_chance(rung.grid),
-            "models": {m: {k: e.get(k) for k in ("posenc", "scale", "in_situ", "aggregate")}
+            "models": {m: {**{k: e.get(k) for k in ("posenc", "scale", "in_situ", "aggregate")},
+                           "training": None if e.get("in_situ") else _training(e["runs"])}
                        for m, e in r["models"].items()},
             "claims": r["claims"],
         })  # fmt: skip
