@@ -240,6 +240,9 @@ def test_fewer_than_five_seeds_is_inconclusive() -> None:
     ms["ape"] = entry("ape", sae_numbers(0.6, 0.1, n=3), seeds=3)
     c = claim(evaluate_claims(ms), "ape_explicit_features.original")
     assert c["verdict"] == INCONCLUSIVE and "seed" in c["summary"]
+    # every seed the study ran was measured: the reason is the study's seed count
+    assert "3 of 3 seeds measured, a verdict needs 5 (the study ran 3 seeds)" in c["summary"]
+    assert "no seed ran" not in c["summary"]
 
 
 def test_a_rule_without_its_controls_gives_no_verdict() -> None:

@@ -73,7 +73,11 @@ class Judged:
     def problem(self) -> str | None:
         """Why this test cannot count (None: it can): too few measured seeds, or no spread."""
         if self.test.n < MIN_SEEDS:
-            why = self.effect.reasons() or "no seed ran the experiment"
+            why = self.effect.reasons() or (
+                "no seed ran the experiment"
+                if self.test.n < self.seeds
+                else f"the study ran {self.seeds} seed{'s' * (self.seeds != 1)}"
+            )
             return (f"{self.model}: {self.test.n} of {self.seeds} seeds measured, a verdict needs "
                     f"{MIN_SEEDS} ({why})")  # fmt: skip
         if self.test.no_spread:
