@@ -9,8 +9,8 @@ RoPE ViT, Eva with rotary attention; for ape its VisionTransformer), of timm's A
 S-seed ensemble (all seeds counted), the ratios poslens / timm and ensemble / sequential, and
 each one's share of the fp32 matmul peak (images/s x the model's flops_per_image(train=True), the
 whole model's matmul FLOPs, over a large matmul's GFLOP/s measured in this run at the same thread
-count). The step and the
-interleaved rounds are train_throughput.py's (median round, range over rounds).
+count). The step and the interleaved rounds are train_throughput.py's (median round, range over
+rounds).
 
     python benchmarks/ladder_throughput.py [--rungs g6,g10,g14,g14_w64,d8,d12] [--seeds 5]
         [--threads 1,2] [--models rope_axial]

@@ -5,8 +5,7 @@ One training step is forward, backward, gradient-norm clipping (per model) and A
 default study's model size (width 32, depth 4, 4 heads, 24x24 images, patch 4, batch 64). For
 APE and RoPE-Axial, in fp32 and bf16 autocast, at one thread and at all threads, it reports
 images/s of one poslens model (what S sequential runs achieve), of timm's APE ViT (and, for
-RoPE-Axial, timm's naver-style RoPE ViT of the same shape), and of an
-S-seed ensemble (`poslens.training.ensemble`) counted over all its seeds (S x batch images per
+RoPE-Axial, timm's naver-style RoPE ViT of the same shape), and of an S-seed ensemble (`poslens.training.ensemble`) counted over all its seeds (S x batch images per
 step), with the ratio to sequential runs and the achieved GFLOP/s (images/s x the
 model's flops_per_image(train=True)) as a share of a large matmul's GFLOP/s measured in this run
 at the same thread count. A precision this CPU does not run natively is skipped with a note (bf16
@@ -150,10 +149,10 @@ def bench_config(
     compile: bool = False,
     cls_exit: bool = True,
 ) -> list[dict[str, Any]]:
-    """One row per candidate (poslens, timm's APE ViT and for rope_axial its RoPE ViT unless left
-    out, an ensemble per size in `seeds`,
-    also compiled with `compile`) of one model config at one precision, measured together (the
-    single poslens model without its CLS exit unless `cls_exit`):
+    """One row per candidate (poslens; unless `timm` is off, timm's APE ViT and for rope_axial its
+    RoPE ViT; an ensemble per size in `seeds`, also compiled with `compile`) of one model config
+    at one precision, measured together (the single poslens model without its CLS exit unless
+    `cls_exit`):
     run, seeds, img_s (median round, all seeds), img_s_range, gflop_s, first_step_s."""
     flops = build_model(cfg).flops_per_image(train=True)
     x = torch.randn(batch, cfg.in_chans, cfg.image_size, cfg.image_size)

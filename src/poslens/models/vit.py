@@ -310,9 +310,10 @@ class ViT(HookedModule):
         """Whether a training pass computes only the first token's output in the last block (as
         StackedViT does; `train_cls_exit`, on by default): with CLS pooling nothing else of that
         block reaches the logits, and its attention from one query instead of T (a quarter of a
-        depth-4 model's attention) is exact. Only while training with autograd on (analysis passes keep every token), and only
-        when no hook reads or rewrites anything of the last block after its ln1, nor ln_final
-        (hook points or plain module hooks), which would see [B, 1, D] instead of [B, T, D]."""
+        depth-4 model's attention) is exact. Only while training with autograd on (analysis
+        passes keep every token), and only when no hook reads or rewrites anything of the last
+        block after its ln1, nor ln_final (hook points or plain module hooks), which would see
+        [B, 1, D] instead of [B, T, D]."""
         if not self.train_cls_exit or self.cfg.pool != "cls":
             return False
         if not (self.training and torch.is_grad_enabled()):
