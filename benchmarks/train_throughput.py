@@ -5,10 +5,11 @@ One training step is forward, backward, gradient-norm clipping (per model) and A
 default study's model size (width 32, depth 4, 4 heads, 24x24 images, patch 4, batch 64). For
 APE and RoPE-Axial, in fp32 and bf16 autocast, at one thread and at all threads, it reports
 images/s of one poslens model (what S sequential runs achieve), of timm's APE ViT (and, for
-RoPE-Axial, timm's naver-style RoPE ViT of the same shape), and of an S-seed ensemble (`poslens.training.ensemble`) counted over all its seeds (S x batch images per
-step), with the ratio to sequential runs and the achieved GFLOP/s (images/s x the
-model's flops_per_image(train=True)) as a share of a large matmul's GFLOP/s measured in this run
-at the same thread count. A precision this CPU does not run natively is skipped with a note (bf16
+RoPE-Axial, timm's naver-style RoPE ViT of the same shape), and of an S-seed ensemble
+(`poslens.training.ensemble`) counted over all its seeds (S x batch images per step), with the
+ratio to sequential runs and the achieved GFLOP/s (images/s x the model's
+flops_per_image(train=True)) as a share of a large matmul's GFLOP/s measured in this run at the
+same thread count. A precision this CPU does not run natively is skipped with a note (bf16
 without AVX512-BF16/AMX crawls). Candidates are measured in interleaved rounds; the table gives
 the median round and the range over rounds, since other processes may share the cores.
 
