@@ -61,8 +61,9 @@ def test_the_finder_names_the_planted_kind(planted: dict[str, dict[str, Any]]) -
     # a cell code: cells named, lines almost never (measured 63 cell, 4 row, 4 col). Latents that
     # answer to a few cells ("mixed") come and go with the trajectory's float rounding (58 of 129
     # here; under 30% before the CLS exit changed the rounding), so the planted kind is asserted
-    # against the unplanted one, not as a share of everything
+    # against the unplanted one, and as a share of everything with room for that movement
     assert cell["cell"] >= 5 * (cell["row"] + cell["col"])
+    assert cell["cell"] >= 0.3 * sum(cell.values())  # measured 49%; over 70% before the exit
     line_share = {
         k: (c["row"] + c["col"]) / sum(c.values()) for k, c in (("rc", rowcol), ("c", cell))
     }
