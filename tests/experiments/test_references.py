@@ -101,15 +101,25 @@ def test_the_cache_keys_on_what_the_reference_reads(monkeypatch: pytest.MonkeyPa
 
 
 def test_depth_profile_reads_the_baseline_and_clean_ssdc_as_one_readout_did() -> None:
-    """depth_profile takes the (shareable) baseline and reads clean SSDC in a pass of its own:
-    every number equals the single probed readout with clean SSDC it measured before."""
+    """depth_profile takes the (shareable) baseline with clean SSDC read in its clean pass, or in
+    a clean pass of its own where the baseline was measured before: every number equals the
+    single probed readout with clean SSDC."""
     model = tiny("rope_axial", num_classes=16)
     task = build_task(DATA)
     x, y = eval_images(task, CFG)
     one = readout.measure(model, x, y, CFG, probe_sites=range(3), clean_ssdc=True)
-    res = depth_profile.run(model, task, CFG, references={})
     assert one.probes is not None
-    for field in ("ssdc_clean", "ssdc_clean_norm", "ssdc_rpi", "ssdc_rpi_norm"):
-        np.testing.assert_array_equal(getattr(res, field), getattr(one, field))
-    np.testing.assert_array_equal(res.probes.test_acc, one.probes.test_acc)
-    assert (res.accuracy, res.margin) == (one.accuracy, float(one.margin.mean()))
+    # first in its run (it measures the baseline, and leaves it in the cache without clean SSDC,
+    # as every other consumer reads it), and after another experiment measured the baseline
+    fresh: ReferenceCache = {}
+    measured: ReferenceCache = {}
+    baseline(model, x, y, CFG, range(3), cache=measured)
+    for references in (fresh, measured):
+        res = depth_profile.run(model, task, CFG, references=references)
+        for field in ("ssdc_clean", "ssdc_clean_norm", "ssdc_rpi", "ssdc_rpi_norm"):
+            np.testing.assert_array_equal(getattr(res, field), getattr(one, field))
+        np.testing.assert_array_equal(res.probes.test_acc, one.probes.test_acc)
+        assert (res.accuracy, res.margin) == (one.accuracy, float(one.margin.mean()))
+    (cached,) = fresh.values()
+    assert isinstance(cached, readout.Readout) and cached.ssdc_clean is None
+    np.testing.assert_array_equal(cached.ssdc_rpi, one.ssdc_rpi)

@@ -119,8 +119,9 @@ def run(
     references: ReferenceCache | None = None,
 ) -> DepthProfile:
     """SSDC, probes and effective rank at every site of `model`, with a random-init control. The
-    probed readout is the reference's baseline (shared through `references`); clean SSDC is read
-    in a pass of its own without probes (the same batches, so the same numbers)."""
+    probed readout is the reference's baseline (shared through `references`), with clean SSDC
+    read in its clean pass (or, where the baseline was measured before, in one clean pass of its
+    own: the same batches, so the same numbers)."""
     cfg = resolved(cfg or Config(), model)
     x, y = eval_images(data, cfg)
     sites = list(range(model.cfg.depth + 1))
@@ -128,8 +129,9 @@ def run(
     readouts = {}
     for which in track(["trained", "random init"], "depth_profile", progress):
         if which == "trained":
-            readouts[which] = baseline(model, x, y, cfg, sites, cache=references)
-            clean = measure(model, x, y, cfg, clean_ssdc=True)
+            readouts[which] = clean = baseline(
+                model, x, y, cfg, sites, cache=references, clean_ssdc=True
+            )
         else:
             readouts[which] = measure(control_model, x, y, cfg, probe_sites=sites)
     base, ctrl = readouts["trained"], readouts["random init"]

@@ -596,11 +596,30 @@ def baseline(
     cfg: ExperimentConfig,
     sites: Sequence[int],
     cache: ReferenceCache | None = None,
+    clean_ssdc: bool = False,
 ) -> Readout:
     """The intact model probed at `sites` (reference()'s baseline when they are its sites),
-    reused from `cache` where measured before with the same reference_key."""
-    key = () if cache is None else ("baseline", reference_key(model, images, labels, cfg, sites))
-    return _cached(cache, key, lambda: measure(model, images, labels, cfg, probe_sites=sites))
+    reused from `cache` where measured before with the same reference_key.
+
+    clean_ssdc: with clean SSDC too, read in the baseline's own clean pass when it is measured
+    here (the cache keeps it without, as every other consumer reads it), else in a clean pass of
+    its own (the same batches: the same numbers)."""
+    if not clean_ssdc:
+        key = () if cache is None else ("baseline", reference_key(model, images, labels, cfg, sites))
+        return _cached(cache, key, lambda: measure(model, images, labels, cfg, probe_sites=sites))
+    key = ("baseline", reference_key(model, images, labels, cfg, sites)) if cache is not None else ()
+    if cache is not None and key in cache:
+        base = _cached(cache, key, lambda: measure(model, images, labels, cfg, probe_sites=sites))
+        clean = measure(model, images, labels, cfg, clean_ssdc=True, rpi_pass=False)
+        return dataclasses.replace(
+            base, ssdc_clean=clean.ssdc_clean, ssdc_clean_norm=clean.ssdc_clean_norm
+        )
+    full = measure(model, images, labels, cfg, probe_sites=sites, clean_ssdc=True)
+    if cache is not None:
+        cache[key] = dataclasses.replace(
+            copy.deepcopy(full), ssdc_clean=None, ssdc_clean_norm=None
+        )
+    return full
 
 
 def reference(
