@@ -364,10 +364,13 @@ def plot(res: PositionRemoval) -> Figure:
     ax2.legend(fontsize=7)
     x = np.arange(len(res.sites))
     ax3.plot(x, res.baseline["ssdc_rpi"], "k-o", label="intact")
+    unmeasured = [c.name for c in shown if not np.isfinite(c.ssdc_rpi).any()]
     for c in shown:
-        ax3.plot(x, c.ssdc_rpi, "-", marker=".", label=c.name, alpha=0.8)
+        if c.name not in unmeasured:
+            ax3.plot(x, c.ssdc_rpi, "-", marker=".", label=c.name, alpha=0.8)
     ax3.set_xticks(x, res.sites)
-    ax3.set(xlabel="site", title="RPI-SSDC", ylim=(-0.5, 1))
+    title = "RPI-SSDC" + ("\n(conditions not run under RPI: rpi=false)" if unmeasured else "")
+    ax3.set(xlabel="site", title=title, ylim=(-0.5, 1))
     ax3.legend(fontsize=6, ncol=2)
     for ax in (ax1, ax2, ax3):
         ax.grid(alpha=0.3)
