@@ -369,8 +369,8 @@ def plot(res: PositionRemoval) -> Figure:
         if c.name not in unmeasured:
             ax3.plot(x, c.ssdc_rpi, "-", marker=".", label=c.name, alpha=0.8)
     ax3.set_xticks(x, res.sites)
-    title = "RPI-SSDC" + ("\n(conditions not run under RPI: rpi=false)" if unmeasured else "")
-    ax3.set(xlabel="site", title=title, ylim=(-0.5, 1))
+    ax3.set(xlabel="site", ylim=(-0.5, 1))
+    ax3.set_title("RPI-SSDC" + ("\n(conditions not run under RPI)" if unmeasured else ""))
     ax3.legend(fontsize=6, ncol=2)
     for ax in (ax1, ax2, ax3):
         ax.grid(alpha=0.3)
