@@ -189,24 +189,37 @@ def objective(
     L, M, _ = x_LMD.shape
     R = len(lam_R)
     xT = x_LMD.transpose(1, 2)  # [L, D+1, M] (a view: bmm reads it transposed)
+    # every target's logits from one bmm (twice the rows of one target's: faster on a CPU)
+    rows = [w.shape[1] for w in ws]
+    logits_all = torch.bmm(torch.cat(ws, dim=1), xT)  # [L, sum R*C, M]
+    p_all = torch.empty_like(logits_all)
     total = torch.zeros((), dtype=torch.float64)
-    grads = []
-    for t, w in enumerate(ws):
-        C = w.shape[1] // R
-        lam = lam_R.repeat_interleave(C).view(1, R * C, 1)
+    at = 0
+    for t, n in enumerate(rows):
+        C = n // R
         target = y_M3[:, t].view(1, 1, 1, M).expand(L, R, 1, M)
-        logits = torch.bmm(w, xT).view(L, R, C, M)
+        logits = logits_all[:, at : at + n].view(L, R, C, M)
+        p = p_all[:, at : at + n].view(L, R, C, M)
         top = logits.amax(2, keepdim=True)  # [L, R, 1, M]
         picked = logits.gather(2, target).sum()
-        p = (logits - top).exp_()
+        torch.sub(logits, top, out=p).exp_()
         norm = p.sum(2, keepdim=True)
         ce = (top + norm.log()).sum() - picked  # summed over tokens: / M below
         p.div_(norm).scatter_add_(2, target, torch.full_like(norm, -1.0))  # dCE/dlogits
-        grad = torch.bmm(p.view(L, R * C, M), x_LMD).div_(M)  # [L, R*C, D+1]
+        total += ce.double() / M
+        at += n
+    grad_all = torch.bmm(p_all, x_LMD).div_(M)  # [L, sum R*C, D+1]
+    grads = []
+    at = 0
+    for w, n in zip(ws, rows, strict=True):
+        C = n // R
+        lam = lam_R.repeat_interleave(C).view(1, n, 1)
+        grad = grad_all[:, at : at + n].contiguous()  # L-BFGS flattens it with view()
         weights = w[:, :, :-1]  # no penalty on the bias
         grad[:, :, :-1] += 2 * lam * weights
         grads.append(grad)
-        total += ce.double() / M + (lam * weights * weights).sum().double()
+        total += (lam * weights * weights).sum().double()
+        at += n
     return total.float(), grads
 
 
