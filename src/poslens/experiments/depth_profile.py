@@ -133,7 +133,8 @@ def run(
                 model, x, y, cfg, sites, cache=references, clean_ssdc=True
             )
         else:
-            readouts[which] = measure(control_model, x, y, cfg, probe_sites=sites)
+            # its probes are reported clean only: none fitted under RPI
+            readouts[which] = measure(control_model, x, y, cfg, probe_sites=sites, rpi_probes=False)
     base, ctrl = readouts["trained"], readouts["random init"]
     assert base.probes is not None and ctrl.probes is not None
     assert clean.ssdc_clean is not None and clean.ssdc_clean_norm is not None

@@ -231,6 +231,7 @@ def measure(
     fixed: FixedProbes | None = None,
     rpi_pass: bool = True,
     resume: Prefix | None = None,
+    rpi_probes: bool = True,
 ) -> Readout:
     """Evaluate `model` under `condition`: pass 1 on the images as they are (accuracy, margins,
     probe features, clean SSDC), pass 2 under RPI (SSDC of index-anchored structure, probe
@@ -241,7 +242,8 @@ def measure(
     every site, probes are fitted and read clean only, and the readout cannot become fixed
     probes (those need both). resume: the pass begins at `resume.block` from that
     prefix (the caller's guarantee: `condition` agrees with the prefix's on the blocks before);
-    for such a clean pass only (rpi_pass=False, no clean SSDC).
+    for such a clean pass only (rpi_pass=False, no clean SSDC). rpi_probes=False: the RPI pass
+    reads SSDC only, no probes are fitted under RPI (and the readout cannot become fixed probes).
 
     probe_control: fit the probes on shuffled labels instead (the chance-level control). On CUDA
     in one process, running out of memory retries with half the batch size (with a warning).
@@ -250,7 +252,7 @@ def measure(
         try:
             return _measure(
                 model, images, labels, cfg, condition, probe_sites, clean_ssdc, probe_control,
-                fixed, rpi_pass, resume,
+                fixed, rpi_pass, resume, rpi_probes,
             )  # fmt: skip
         except RuntimeError as e:
             # Under torchrun the ranks would disagree on the batches: no retry there.
@@ -279,6 +281,7 @@ def _measure(
     fixed: FixedProbes | None = None,
     rpi_pass: bool = True,
     resume: Prefix | None = None,
+    rpi_probes: bool = True,
 ) -> Readout:
     """measure() at cfg.batch_size."""
     if resume is not None and (rpi_pass or clean_ssdc or resume.batch_size != cfg.batch_size):
@@ -325,7 +328,7 @@ def _measure(
                 for acc, name in zip(clean, raw + norm, strict=True):
                     acc.update(cache[name][: n_ssdc - start, p:])
         under_rpi = [SSDC(gh, gw) for _ in raw + norm]
-        n_probe = cfg.probe_images if probe_sites else 0
+        n_probe = cfg.probe_images if probe_sites and rpi_probes else 0  # probed under RPI
         n_rpi = max(n_ssdc, n_probe) if rpi_pass else 0  # images the RPI pass reads: SSDC's, probes'
         with rpi(model, seed=cfg.seed):
             for start in (s for s in starts if s < n_rpi):
@@ -353,7 +356,7 @@ def _measure(
         if fixed is not None:
             fixed_acc = _read_fixed(fixed, fixed.clean, probe_sites, stacked)
         del stacked
-        if rpi_pass:
+        if rpi_pass and rpi_probes:
             stacked_rpi = _stacked(feats_rpi)
             fit_rpi = fit_probes(stacked_rpi, gh, gw, seed=cfg.seed, shuffle_labels=probe_control)
             probes_rpi = fit_rpi.result
