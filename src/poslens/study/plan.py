@@ -187,9 +187,10 @@ def make_plan(
             else:
                 rc, first, source = run_config(cfg, model, seed, threads), "train", None
                 ckpt = checkpoint_dir(out, model, seed, rc)
-            # the load stage measures accuracy on the evaluation images: the study's sizes only
+            # the load stage measures accuracy on the evaluation images: the study's sizes and precision
             lcfg = ExperimentConfig(n_images=cfg.n_images, probe_images=cfg.probe_images,
-                                    batch_size=cfg.batch_size) if pretrained else None  # fmt: skip
+                                    batch_size=cfg.batch_size, precision=cfg.precision,
+                                    ) if pretrained else None  # fmt: skip
             stages = [Stage(first, model, seed, stage_weight(first, cfg, rc), lcfg)]
             stages += [
                 Stage(name, model, seed, stage_weight(name, cfg, rc), ecfgs[name], only.get(name))

@@ -7,6 +7,7 @@ interrupted study continues where it stopped.
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 from dataclasses import asdict, dataclass, field
@@ -32,6 +33,7 @@ from poslens.io import (
     write_json,
 )
 from poslens.models.vit import ViT
+from poslens.precision import autocast
 from poslens.study.config import TASK_PREFIX, config_hash
 from poslens.study.plan import RunPlan, Stage, stage_hash
 from poslens.training.finetune import FineTune
@@ -81,6 +83,9 @@ class Source:
     _task: Task | None = field(default=None, init=False, compare=False, repr=False)
     _tuned: dict[str, torch.Tensor] | None = field(default=None, init=False, compare=False,
                                                   repr=False)  # fmt: skip
+    # the model as loaded (unedited), once per run: each stage gets a deep copy (a timm model's
+    # conversion costs seconds per load, a copy a fraction of one)
+    _loaded: dict[str, ViT] = field(default_factory=dict, init=False, compare=False, repr=False)
 
     @classmethod
     def of(cls, run: RunPlan, run_dir: Path | None = None) -> Source:
@@ -93,10 +98,12 @@ class Source:
     def load(self, device: str) -> tuple[ViT, Task]:
         """A fresh model (stages never share one), under the in-situ edit (or fine-tune) where it
         applies, and the run's images."""
-        if self.checkpoint is not None:
-            model = poslens.load(self.checkpoint, device=device)
-        else:
-            model = poslens.load(self.spec, weights=self.weights, device=device)
+        if device not in self._loaded:
+            if self.checkpoint is not None:
+                self._loaded[device] = poslens.load(self.checkpoint, device=device)
+            else:
+                self._loaded[device] = poslens.load(self.spec, weights=self.weights, device=device)
+        model = copy.deepcopy(self._loaded[device])
         if self._task is None:
             if self.checkpoint is not None:
                 self._task = poslens.load_task(self.checkpoint)
@@ -239,10 +246,11 @@ def load_stage(source: Source, ecfg: ExperimentConfig, device: str) -> dict[str,
     if source.finetuned is not None:
         edit["finetune"] = source.finetuned
     # a control whose edit does not fit this model is dropped from the study: nothing to measure
-    correct = sum(
-        int((model(x[i : i + ecfg.batch_size].to(dev)).argmax(-1).cpu() == y[i : i + ecfg.batch_size]).sum())
-        for i in range(0, len(x), ecfg.batch_size)
-    ) if n_classes and source.not_applied is None else None  # fmt: skip
+    with autocast(dev, ecfg.precision):  # the precision of the study's forward passes
+        correct = sum(
+            int((model(x[i : i + ecfg.batch_size].to(dev)).argmax(-1).cpu() == y[i : i + ecfg.batch_size]).sum())
+            for i in range(0, len(x), ecfg.batch_size)
+        ) if n_classes and source.not_applied is None else None  # fmt: skip
     return {  # a backbone without classifier (num_classes=0) has no accuracy: null
         "model": source.spec,
         "weights": source.weights,
@@ -318,7 +326,8 @@ def run_one(
             assert st.config is not None
             c = st.config
             key = config_hash(
-                source.identity() | {"n_images": c.n_images, "batch_size": c.batch_size}
+                source.identity()
+                | {"n_images": c.n_images, "batch_size": c.batch_size, "precision": c.precision}
             )
             marker = run_dir / "load.stage.json"
             record = finished(marker, key)
