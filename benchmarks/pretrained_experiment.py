@@ -10,8 +10,10 @@ hook points' own work (hooks.py), the probe fits (metrics.probes.fit_probes) and
 reported after each experiment. The timm forward is the same images, batched as the experiment
 batches them, no_grad.
 
-With --preset quick the experiments take the study preset's analysis settings (what
-`poslens study --preset quick --pretrained ...` runs for one analysis seed), else their defaults.
+With --preset quick the experiments take the study's own configs (what `poslens study --preset
+quick --pretrained ...` runs for analysis seed 0: its sizes, settings and precision, "auto"), and
+share one intact reference as the experiments of one study run do; else their defaults
+(--images, --probe-images, fp32) and each its own reference.
 The forward column counts ViT.forward calls and the images they read.
 
     python benchmarks/pretrained_experiment.py [--model vit_tiny_patch16_224]
@@ -37,10 +39,12 @@ from safetensors.torch import save_file
 
 import poslens
 from poslens.experiments.analyze import analyze
+from poslens.experiments.readout import ReferenceCache
 from poslens.experiments.registry import configs
 from poslens.limits import auto_batch_size
 from poslens.models.vit import ViT
 from poslens.study.config import preset
+from poslens.study.plan import experiment_configs
 
 
 def image_folder(root: Path, n: int, classes: int = 5) -> Path:
@@ -103,8 +107,15 @@ def main() -> None:
         names = args.experiments.split(",")
         common = {"n_images": args.images, "probe_images": args.probe_images or args.images,
                   "batch_size": args.batch}  # fmt: skip
-        sets = preset(args.preset).analysis_sets if args.preset else {}
-        cfgs = configs(names, common, sets)
+        if args.preset:  # the study's own configs of a pretrained run (seed 0), its precision too
+            study = preset(args.preset, pretrained=(f"{spec}={weights}",), images=str(folder),
+                           experiments=tuple(names))  # fmt: skip
+            cfgs = experiment_configs(study, seed=0)
+            print(f"preset {args.preset}: n_images {study.n_images}, probe_images "
+                  f"{study.probe_images}, precision {study.precision}")  # fmt: skip
+        else:
+            cfgs = configs(names, common, {})
+        references: ReferenceCache = {}  # shared by the experiments, as in one study run
         seen: list[int] = []
         forward = ViT.forward
 
@@ -118,7 +129,8 @@ def main() -> None:
             prof = cProfile.Profile()
             t = time.perf_counter()
             prof.enable()
-            analyze(model, data, [name], [cfgs[name]], tmp_path / name, formats=())
+            analyze(model, data, [name], [cfgs[name]], tmp_path / name, formats=(),
+                    references=references)  # fmt: skip
             prof.disable()
             total = time.perf_counter() - t
             st = pstats.Stats(prof)
