@@ -74,4 +74,9 @@ def autocast(
     return torch.autocast(device_type, dtype=DTYPES[precision])
 
 
-__all__ = ["autocast", "native_bf16", "resolve_precision"]
+def full_precision(device: torch.device | str) -> contextlib.AbstractContextManager[Any]:
+    """Plain float32 again inside an autocast region (e.g. probe fits between two passes)."""
+    return torch.autocast(torch.device(device).type, enabled=False)
+
+
+__all__ = ["autocast", "full_precision", "native_bf16", "resolve_precision"]
