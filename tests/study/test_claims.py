@@ -94,6 +94,9 @@ def split(kept: float, rand: float, aligned: float = 1.0, pre: float = 0.0, n: i
             pr.key(pr.axis_condition("col"), fixed("row")): jitter(kept + 0.2, n),
             pr.AXES_PRE_ROTATION: [pre] * n,
             pr.AXIS_PLANES_PER_HEAD: [4.0] * n,
+            # the conditions ran (their accuracy is measured): a NaN retention is undefined
+            **{pr.key(c, "accuracy"): [0.5] * n for c in (pr.random_condition(4),
+               pr.axis_condition("row"), pr.axis_condition("col"))},
         },
         "axis_map": {am.FRACTION_ALIGNED: [aligned] * n},
     }
@@ -394,6 +397,7 @@ SITE_DROP = sae.key("early", sae.ROWCOL_ZEROED, sae.fixed_drop("site"))
 MATCHED_SITE_DROP = sae.key("early", sae.MATCHED_ROWCOL, sae.fixed_drop("site"))
 REBUILD_RET = win.key(win.prefix_window(1), "retention_ssdc_out")
 REL = win.key(win.REBUILD, "relative")
+RANDOM_ROW = pr.key(pr.random_condition(4), retention_number("probe_fixed", "row"))
 BROKEN = [  # (rule, model, experiment, how, keys, the reason the verdict names)
     ("ape_explicit_features.original", "ape", "sae_causal", "drop", [SITE_DROP, MATCHED_SITE_DROP],
      "not measured"),
@@ -403,7 +407,10 @@ BROKEN = [  # (rule, model, experiment, how, keys, the reason the verdict names)
      [sae.key("early", sae.ROWCOL_ZEROED, "d_accuracy")], "row/column edit"),
     ("rope_planes_split.original", "rope_axial", "axis_map", "set_gate", [], "nothing to split"),
     ("rope_planes_split.original", "rope_axial", "position_removal", "drop",
-     [pr.key(pr.random_condition(4), retention_number("probe_fixed", "row"))], "was not run"),
+     [pr.key(pr.random_condition(4), "accuracy"), RANDOM_ROW], "was not run"),
+    # the condition ran, but intact and floor read the same (random weights): no retention
+    ("rope_planes_split.original", "rope_axial", "position_removal", "nan", [RANDOM_ROW],
+     "retention is undefined"),
     ("rope_rebuilds.original", "rope_axial", "windows", "nan", [REBUILD_RET], "no retention"),
     ("rope_rebuilds.sharper", "rope_axial", "windows", "drop", [win.key(win.REBUILD, "window"), REL],
      "no compensation window"),

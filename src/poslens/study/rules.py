@@ -239,10 +239,25 @@ def rope_split_effect(v: View) -> Effect:
         worst = max(rand) if all(map(math.isfinite, rand)) else math.nan  # NaN-safe: either NaN
         out.append(other - worst)
         if not math.isfinite(out[-1]):
-            missing[s] = (f"{rnd} (as many random planes per head as one axis has) was not run"
-                          if not all(map(math.isfinite, rand)) else "the axis conditions were not measured")  # fmt: skip
+            missing[s] = _split_missing(v, rnd, rand, s)
     gate = f"the gate closed {len(gated)} of {n} seeds" if gated else None
     return Effect(tuple(out), missing, gate, frozenset(gated))
+
+
+def _split_missing(v: View, rnd: str, rand: list[float], s: int) -> str:
+    """Why seed s has no split effect: a condition that did not run, or one whose fixed-probe
+    retention is undefined (the intact model's probes read the same as the floor's: a model with
+    no decodable position, e.g. random weights)."""
+    e, pr, n = "position_removal", position_removal, v.seeds("position_removal")
+    if all(map(math.isfinite, rand)):
+        name, conds = "the axis conditions", [pr.axis_condition("row"), pr.axis_condition("col")]
+    else:
+        name, conds = f"{rnd} (as many random planes per head as one axis has)", [rnd]
+    ran = all(math.isfinite(_column(v, e, pr.key(c, "accuracy"), n)[s]) for c in conds)
+    if not ran:
+        return f"{name} {'were' if len(conds) > 1 else 'was'} not run"
+    return (f"{name}: the fixed probes' retention is undefined (the intact model and the floor "
+            "read the same: no position to retain)")  # fmt: skip
 
 
 def rope_split_notes(v: View) -> Notes:
