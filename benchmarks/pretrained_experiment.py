@@ -43,6 +43,7 @@ from poslens.experiments.readout import ReferenceCache
 from poslens.experiments.registry import configs
 from poslens.limits import auto_batch_size
 from poslens.models.vit import ViT
+from poslens.precision import autocast, resolve_precision
 from poslens.study.config import preset
 from poslens.study.plan import experiment_configs
 
@@ -93,29 +94,30 @@ def main() -> None:
         x, _ = data.split("test")
         x = x[: args.images]
         batch = args.batch or auto_batch_size(model.cfg)
-        with torch.no_grad():
+        study = preset(args.preset, pretrained=(f"{spec}={weights}",), images=str(folder)) \
+            if args.preset else None  # fmt: skip
+        precision = resolve_precision(study.precision if study is not None else "fp32", x.device)
+        with torch.no_grad(), autocast(model, precision):  # timm in the experiments' precision
             t = time.perf_counter()
             for i in range(0, len(x), batch):
                 tm(x[i : i + batch])
             timm_s = time.perf_counter() - t
         print(f"{args.model}, {args.images} images at {model.cfg.image_size} px, batch {batch}, "
-              f"{args.threads} thread(s), torch {torch.__version__}; timm forward of the images: "
-              f"{timm_s:.2f} s")  # fmt: skip
-        print("| experiment | total s | model forward s (passes, images) | of it hook callbacks s "
-              "| probe fits s | rest s | forward / one timm pass | peak RSS GB |")  # fmt: skip
-        print("|---|---|---|---|---|---|---|---|")
+              f"{args.threads} thread(s), torch {torch.__version__}; timm forward of the images "
+              f"({precision}): {timm_s:.2f} s")  # fmt: skip
         names = args.experiments.split(",")
         common = {"n_images": args.images, "probe_images": args.probe_images or args.images,
                   "batch_size": args.batch}  # fmt: skip
-        if args.preset:  # the study's own configs of a pretrained run (seed 0), its precision too
-            study = preset(args.preset, pretrained=(f"{spec}={weights}",), images=str(folder),
-                           experiments=tuple(names))  # fmt: skip
+        if study is not None:  # the study's own configs of a pretrained run (seed 0), precision too
             cfgs = experiment_configs(study, seed=0)
             print(f"preset {args.preset}: n_images {study.n_images}, probe_images "
                   f"{study.probe_images}, precision {study.precision}")  # fmt: skip
         else:
             cfgs = configs(names, common, {})
         references: ReferenceCache = {}  # shared by the experiments, as in one study run
+        print("| experiment | total s | model forward s (passes, images) | of it hook callbacks s "
+              "| probe fits s | rest s | forward / one timm pass | peak RSS GB |")  # fmt: skip
+        print("|---|---|---|---|---|---|---|---|")
         seen: list[int] = []
         forward = ViT.forward
 
