@@ -614,21 +614,20 @@ def baseline(
     clean_ssdc: with clean SSDC too, read in the baseline's own clean pass when it is measured
     here (the cache keeps it without, as every other consumer reads it), else in a clean pass of
     its own (the same batches: the same numbers)."""
+    key = () if cache is None else ("baseline", reference_key(model, images, labels, cfg, sites))
+    probed = lambda: measure(model, images, labels, cfg, probe_sites=sites)  # noqa: E731
     if not clean_ssdc:
-        key = () if cache is None else ("baseline", reference_key(model, images, labels, cfg, sites))
-        return _cached(cache, key, lambda: measure(model, images, labels, cfg, probe_sites=sites))
-    key = ("baseline", reference_key(model, images, labels, cfg, sites)) if cache is not None else ()
-    if cache is not None and key in cache:
-        base = _cached(cache, key, lambda: measure(model, images, labels, cfg, probe_sites=sites))
+        return _cached(cache, key, probed)
+    if cache is not None and key in cache:  # measured before: clean SSDC in a pass of its own
         clean = measure(model, images, labels, cfg, clean_ssdc=True, rpi_pass=False)
         return dataclasses.replace(
-            base, ssdc_clean=clean.ssdc_clean, ssdc_clean_norm=clean.ssdc_clean_norm
+            _cached(cache, key, probed),
+            ssdc_clean=clean.ssdc_clean,
+            ssdc_clean_norm=clean.ssdc_clean_norm,
         )
     full = measure(model, images, labels, cfg, probe_sites=sites, clean_ssdc=True)
-    if cache is not None:
-        cache[key] = dataclasses.replace(
-            copy.deepcopy(full), ssdc_clean=None, ssdc_clean_norm=None
-        )
+    if cache is not None:  # its own copy, as _cached keeps one
+        cache[key] = dataclasses.replace(copy.deepcopy(full), ssdc_clean=None, ssdc_clean_norm=None)
     return full
 
 

@@ -85,7 +85,7 @@ class Source:
                                                   repr=False)  # fmt: skip
     # the model as loaded (unedited), once per run: each stage gets a deep copy (a timm model's
     # conversion costs seconds per load, a copy a fraction of one)
-    _loaded: dict[str, ViT] = field(default_factory=dict, init=False, compare=False, repr=False)
+    _loaded: ViT | None = field(default=None, init=False, compare=False, repr=False)
 
     @classmethod
     def of(cls, run: RunPlan, run_dir: Path | None = None) -> Source:
@@ -98,12 +98,12 @@ class Source:
     def load(self, device: str) -> tuple[ViT, Task]:
         """A fresh model (stages never share one), under the in-situ edit (or fine-tune) where it
         applies, and the run's images."""
-        if device not in self._loaded:
+        if self._loaded is None:  # a run's stages all run on its one device
             if self.checkpoint is not None:
-                self._loaded[device] = poslens.load(self.checkpoint, device=device)
+                self._loaded = poslens.load(self.checkpoint, device=device)
             else:
-                self._loaded[device] = poslens.load(self.spec, weights=self.weights, device=device)
-        model = copy.deepcopy(self._loaded[device])
+                self._loaded = poslens.load(self.spec, weights=self.weights, device=device)
+        model = copy.deepcopy(self._loaded)
         if self._task is None:
             if self.checkpoint is not None:
                 self._task = poslens.load_task(self.checkpoint)
