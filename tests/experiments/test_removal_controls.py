@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from poslens.data import DataConfig, Task, build_task
+from poslens.errors import ConfigError
 from poslens.experiments import position_removal as pr
 from poslens.experiments.output import condition_numbers
 from poslens.interventions import axis_map
@@ -105,7 +106,6 @@ def test_kinds_narrow_the_conditions_and_keep_the_rest_as_they_were() -> None:
     """position_removal.kinds runs only the kinds named (an in-situ control's narrowing): the
     conditions kept are the full run's, in its order; random_axis keeps only one axis's count
     of random planes; () leaves the reference alone; an unknown kind is refused by name."""
-    from poslens.errors import ConfigError
 
     rope = tiny("rope_axial", num_classes=4, dim=64, heads=4, depth=2)
     ape = tiny("ape", num_classes=4)
@@ -120,3 +120,34 @@ def test_kinds_narrow_the_conditions_and_keep_the_rest_as_they_were() -> None:
     assert pr.conditions(rope, pr.Config(kinds=())) == [] == pr.conditions(ape, pr.Config(kinds=()))
     with pytest.raises(ConfigError, match="position_removal.kinds"):
         pr.Config(kinds=("axes",))
+
+
+def test_unprobed_removal_reads_the_same_accuracy_in_one_pass_per_condition(
+    task: Task, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """probes=false (an in-situ control whose rules read accuracy alone): every accuracy and
+    margin as the probed run has them, from one clean pass each, with no probe fitted and
+    every probe and SSDC number NaN, never 0; the figure still draws."""
+    from poslens.experiments import readout
+
+    m = model("rope_axial", dim=64, heads=4, depth=2)
+    probed = pr.run(m, task, CFG)
+    calls: list[tuple[int, bool]] = []
+    measure = readout.measure
+
+    def counted(*a: object, **kw: object) -> readout.Readout:
+        calls.append((len(kw.get("probe_sites", ())), bool(kw.get("rpi_pass", True))))
+        return measure(*a, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(pr, "measure", counted)
+    bare = pr.run(m, task, pr.Config(**{**CFG.__dict__, "probes": False}))
+    assert calls and all(c == (0, False) for c in calls)  # no probe site, no RPI pass
+    assert len(calls) == 2 + len(bare.conditions)  # intact, floor, each condition once
+    h, hb = (pr.headline(jsonable(r.to_dict())) for r in (probed, bare))
+    accuracy = [k for k in h if k.endswith(".accuracy") or k.endswith(".margin")]
+    assert accuracy and all(hb[k] == pytest.approx(h[k], abs=1e-6) for k in accuracy)
+    numbers = [k for k in h if "probe" in k or "ssdc" in k or k.startswith("chance")]
+    assert numbers and all(hb[k] is None or math.isnan(hb[k]) for k in numbers if k in hb)
+    pr.plot(bare)
+    with pytest.raises(ConfigError, match="position_removal.probes"):
+        pr.Config(probes="no")  # type: ignore[arg-type]

@@ -59,6 +59,25 @@ def test_run_with_cache_stores_only_requested(images: torch.Tensor) -> None:
     torch.testing.assert_close(logits, model(images))
 
 
+def test_cache_until_stops_after_the_last_requested_site(images: torch.Tensor) -> None:
+    """The same activations as a full pass, no block after the last one run, no hook left."""
+    model = tiny()
+    names = ["blocks.0.hook_resid_pre", "blocks.0.ln1.hook_normalized"]
+    _, full = model.run_with_cache(images, names)
+    ran: list[int] = []
+    hooks = [blk.register_forward_pre_hook(lambda m, a, i=i: ran.append(i))
+             for i, blk in enumerate(model.blocks)]  # fmt: skip
+    try:
+        got = model.cache_until(images, names)
+    finally:
+        for h in hooks:
+            h.remove()
+    assert ran == [0] and set(got) == set(names)
+    for n in names:
+        torch.testing.assert_close(got[n], full[n])
+    assert not any(model._hook_points[n]._forward_hooks for n in model.hook_names())
+
+
 def test_hooks_are_removed_when_the_body_raises(images: torch.Tensor) -> None:
     model = tiny()
     clean = model(images)

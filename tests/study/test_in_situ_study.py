@@ -43,16 +43,18 @@ def test_each_study_model_gets_the_edits_its_rules_name(tmp_path: Path) -> None:
             assert r.checkpoint == b.checkpoint and r.model == in_situ.model_name(r.base, r.edit)
             assert r.stages[0].kind == "train" and r.stages[0].weight == 0
             assert all(s.only is None for s in r.stages[1:])
-            # of position_removal only the condition kinds its rules read (Rule.removal), and
-            # no condition's RPI pass: no rule judging a control reads one (Rule.removal_rpi)
-            removal = {(s.config.kinds, s.config.rpi) for s in r.stages
+            # of position_removal only the condition kinds its rules read (Rule.removal), no
+            # condition's RPI pass: no rule judging a control reads one (Rule.removal_rpi), and
+            # no probes where its rules read accuracy alone (Rule.removal_probes)
+            removal = {(s.config.kinds, s.config.rpi, s.config.probes) for s in r.stages
                        if s.kind == "position_removal"}  # fmt: skip
             want = {"table_rowcol": ("table",), "table_cell": ("table",),
                     "heads_axis_split": ("axis", "random_axis"),
                     "freqs_oblique": ("axis", "random_axis"), "position_shuffled": ()}[r.edit]  # fmt: skip
-            assert removal == {(want, False)}
+            assert removal == {(want, False, r.edit != "position_shuffled")}
         else:
-            assert all((s.config.kinds, s.config.rpi) == (pr.Config().kinds, True)
+            assert all((s.config.kinds, s.config.rpi, s.config.probes)
+                       == (pr.Config().kinds, True, True)
                        for s in r.stages if s.kind == "position_removal")  # fmt: skip
     assert not any(r.edit for r in make_plan(replace(cfg, in_situ=False), tmp_path).runs)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import io
+import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -106,10 +107,14 @@ def retention_number(measure: str, target: str | None = None) -> str:
 
 
 def probe_numbers(prefix: str, acc: Sequence[float] | None) -> Headline:
-    """{prefix_exact, prefix_row, prefix_col} from probe accuracies in TARGETS order."""
+    """{prefix_exact, prefix_row, prefix_col} from probe accuracies in TARGETS order (a null
+    accuracy, NaN written to JSON, is NaN)."""
     if acc is None:
         return {}
-    return {f"{prefix}_{t}": float(a) for t, a in zip(TARGETS, acc, strict=True)}
+    return {
+        f"{prefix}_{t}": math.nan if a is None else float(a)
+        for t, a in zip(TARGETS, acc, strict=True)
+    }
 
 
 def condition_numbers(prefix: str, c: dict[str, Any]) -> Headline:

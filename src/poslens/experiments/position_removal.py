@@ -26,7 +26,7 @@ from matplotlib.figure import Figure
 from poslens._config import one_of
 from poslens.data import Task
 from poslens.errors import ConfigError
-from poslens.experiments.conditions import Condition, planes_off, random_mask
+from poslens.experiments.conditions import Condition, floor_condition, planes_off, random_mask
 from poslens.experiments.config import ExperimentConfig, resolved
 from poslens.experiments.output import (
     Experiment,
@@ -39,6 +39,7 @@ from poslens.experiments.output import (
 )
 from poslens.experiments.readout import (
     ConditionResult,
+    Reference,
     ReferenceCache,
     eval_images,
     measure,
@@ -74,6 +75,10 @@ class Config(ExperimentConfig):
     # each condition also under RPI (its RPI-SSDC and RPI probes; the reference always is). The
     # study turns it off for an in-situ control whose rules read neither (Rule.removal_rpi).
     rpi: bool = True
+    # the probes and every SSDC: False measures accuracy and margins alone, each condition, the
+    # intact model and the floor in one clean pass (no probe site is chosen, rpi is moot). The
+    # study turns it off for an in-situ control whose rules read accuracy only (Rule.removal_probes).
+    probes: bool = True
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -84,8 +89,11 @@ class Config(ExperimentConfig):
             raise ConfigError(f"position_removal.kinds must be a list, got {self.kinds!r}")
         for kind in self.kinds:
             one_of("position_removal.kinds", kind, KINDS)
-        if not isinstance(self.rpi, bool):
-            raise ConfigError(f"position_removal.rpi must be true or false, got {self.rpi!r}")
+        for name in ("rpi", "probes"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(
+                    f"position_removal.{name} must be true or false, got {getattr(self, name)!r}"
+                )
 
 
 def applies(model: ViT) -> str | None:
@@ -309,15 +317,22 @@ def run(
     ref = None
     for step in track(steps, "position_removal", progress):
         if step == "reference":
-            ref = reference(model, x, y, cfg, cache=references)
+            ref = (
+                reference(model, x, y, cfg, cache=references)
+                if cfg.probes
+                else unprobed(model, x, y, cfg)
+            )
             continue
         assert ref is not None
         name, cond, meta = next(c for c in conds if c[0] == step)
-        r = measure(model, x, y, cfg, cond, [ref.probe_site], fixed=ref.fixed, rpi_pass=cfg.rpi)
+        if cfg.probes:
+            r = measure(model, x, y, cfg, cond, [ref.probe_site], fixed=ref.fixed, rpi_pass=cfg.rpi)
+        else:
+            r = measure(model, x, y, cfg, cond, rpi_pass=False)
         results.append(summarise(name, r, ref.base, ref.floor, ref.probe_site, meta))
     assert ref is not None
     base = ref.base.summary()
-    base["probe"] = ref.base.probe_at(ref.probe_site)
+    base["probe"] = ref.base.probe_at(ref.probe_site) if cfg.probes else np.full(3, np.nan)
     axes = plane_axes(model) if model.cfg.uses_rope else None
     table = None
     if model.cfg.has_pos_table:
@@ -340,6 +355,14 @@ def run(
     )
 
 
+def unprobed(model: ViT, x: torch.Tensor, y: torch.Tensor, cfg: Config) -> Reference:
+    """The intact model and the floor in one clean pass each, nothing probed (probes=false):
+    accuracy and margins; the output stands in for the probe site that was not chosen."""
+    base = measure(model, x, y, cfg, rpi_pass=False)
+    floor = measure(model, x, y, cfg, floor_condition(model), rpi_pass=False)
+    return Reference(base, floor, model.cfg.depth)
+
+
 def plot(res: PositionRemoval) -> Figure:
     fig = Figure(figsize=(12, 3.8), layout="constrained")
     ax1, ax2, ax3 = fig.subplots(1, 3)
@@ -360,7 +383,8 @@ def plot(res: PositionRemoval) -> Figure:
     ax2.set_yticks(y, names, fontsize=8)
     ax2.invert_yaxis()
     ax2.set(xlabel="probe test accuracy (%)", xlim=(0, 100))
-    ax2.set_title(f"probes at site {res.sites[res.probe_site]}")
+    probed = "probes" in res.baseline
+    ax2.set_title(f"probes at site {res.sites[res.probe_site]}" if probed else "not probed")
     ax2.legend(fontsize=7)
     x = np.arange(len(res.sites))
     ax3.plot(x, res.baseline["ssdc_rpi"], "k-o", label="intact")
@@ -384,7 +408,8 @@ def headline(d: dict[str, Any]) -> Headline:
     out: Headline = {key(INTACT, "accuracy"): d["baseline"]["accuracy"]}
     out[key(INTACT, "margin")] = d["baseline"]["margin"]
     out |= probe_numbers(key(INTACT, "probe"), d["baseline"]["probe"])
-    out |= probe_numbers("chance", d["baseline"]["probes"]["chance"])
+    probes = d["baseline"].get("probes")  # None: run with probes=false (accuracy only)
+    out |= probe_numbers("chance", probes["chance"] if probes else [math.nan] * len(TARGETS))
     out |= condition_numbers(FLOOR, d["floor"])
     for c in d["conditions"]:
         if "/" not in c["name"]:  # random draws are summarised below

@@ -232,6 +232,7 @@ def measure(
     rpi_pass: bool = True,
     resume: Prefix | None = None,
     rpi_probes: bool = True,
+    rpi_through: int | None = None,
 ) -> Readout:
     """Evaluate `model` under `condition`: pass 1 on the images as they are (accuracy, margins,
     probe features, clean SSDC), pass 2 under RPI (SSDC of index-anchored structure, probe
@@ -244,6 +245,8 @@ def measure(
     prefix (the caller's guarantee: `condition` agrees with the prefix's on the blocks before);
     for such a clean pass only (rpi_pass=False, no clean SSDC). rpi_probes=False: the RPI pass
     reads SSDC only, no probes are fitted under RPI (and the readout cannot become fixed probes).
+    rpi_through=s: the RPI pass stops after site s (no probe site beyond it): RPI-SSDC is NaN at
+    the later sites, for a caller that reads it no further (the rest of the pass is not run).
 
     probe_control: fit the probes on shuffled labels instead (the chance-level control). On CUDA
     in one process, running out of memory retries with half the batch size (with a warning).
@@ -252,7 +255,7 @@ def measure(
         try:
             return _measure(
                 model, images, labels, cfg, condition, probe_sites, clean_ssdc, probe_control,
-                fixed, rpi_pass, resume, rpi_probes,
+                fixed, rpi_pass, resume, rpi_probes, rpi_through,
             )  # fmt: skip
         except RuntimeError as e:
             # Under torchrun the ranks would disagree on the batches: no retry there.
@@ -282,11 +285,16 @@ def _measure(
     rpi_pass: bool = True,
     resume: Prefix | None = None,
     rpi_probes: bool = True,
+    rpi_through: int | None = None,
 ) -> Readout:
     """measure() at cfg.batch_size."""
     if resume is not None and (rpi_pass or clean_ssdc or resume.batch_size != cfg.batch_size):
         raise ValueError("a prefix starts clean passes without SSDC, at its own batch size")
     raw, norm = site_names(model)
+    reach = len(raw) - 1 if rpi_through is None else check_site(model, rpi_through)
+    if any(s > reach for s in probe_sites):
+        raise ValueError(f"the RPI pass stops at site {reach}, before a probe site {probe_sites}")
+    reached = [*raw[: reach + 1], *norm[: reach + 1]]  # the sites the RPI pass reads
     p = model.cfg.num_prefix
     dev = model.head.weight.device
     probe_sites = tuple(check_site(model, s) for s in probe_sites)
@@ -346,10 +354,14 @@ def _measure(
         with rpi(model, seed=cfg.seed):
             for start in (s for s in starts if s < n_rpi):
                 stop = min(start + cfg.batch_size, n_rpi)
-                _, cache = model.run_with_cache(images[start:stop].to(dev), raw + norm)
+                if reach == len(raw) - 1:
+                    _, cache = model.run_with_cache(images[start:stop].to(dev), raw + norm)
+                else:  # up to site `reach` only
+                    cache = model.cache_until(images[start:stop].to(dev), reached)
                 if start < n_ssdc:
                     for acc, name in zip(under_rpi, raw + norm, strict=True):
-                        acc.update(cache[name][: n_ssdc - start, p:])
+                        if name in cache:
+                            acc.update(cache[name][: n_ssdc - start, p:])
                 if start < n_probe:
                     for i, s in enumerate(probe_sites):
                         feats_rpi[i].append(
@@ -358,7 +370,10 @@ def _measure(
     for acc in [*clean, *under_rpi]:
         acc.all_reduce()
     n_sites = len(raw)
-    values = np.array([s.value() if rpi_pass else np.nan for s in under_rpi])
+    values = np.array(
+        [s.value() if rpi_pass and name in reached else np.nan
+         for s, name in zip(under_rpi, raw + norm, strict=True)]
+    )  # fmt: skip
     clean_values = np.array([s.value() for s in clean]) if clean_ssdc else None
     cache = None  # frees the last batch's cached sites
     if probe_sites:

@@ -150,6 +150,29 @@ class HookedModule(nn.Module):
             out = self(x, **forward)
         return out, cache
 
+    def cache_until(self, x: torch.Tensor, names: Sequence[str]) -> dict[str, torch.Tensor]:
+        """The requested activations (detached) of a forward of `x` that stops as soon as the
+        last of them is stored: nothing after it runs (no logits), so reading early sites costs
+        only the blocks before them."""
+        cache: dict[str, torch.Tensor] = {}
+        wanted = self.resolve_names(list(names))
+
+        def store(t: torch.Tensor, name: str) -> None:
+            cache[name] = t.detach()
+            if len(cache) == len(set(wanted)):
+                raise _AllStored
+
+        try:
+            with self.hooks([(n, store) for n in wanted]):
+                self(x)
+        except _AllStored:
+            pass
+        return cache
+
+
+class _AllStored(Exception):
+    """Raised by cache_until's hook once every requested activation is stored: ends the pass."""
+
 
 def _wrap(fn: HookFn, name: str) -> Callable[[nn.Module, tuple, torch.Tensor], torch.Tensor | None]:
     def hook(_module: nn.Module, _inputs: tuple, output: torch.Tensor) -> torch.Tensor | None:

@@ -208,14 +208,14 @@ def in_situ_edits(cfg: StudyConfig, run: RunPlan) -> dict[str, tuple[str, ...]]:
     each rule that judges the model (a trained model: one of the rule's study models, and the
     edit applies to its config; a pretrained model: every rule, the edit's fit is checked when
     the weights are loaded)."""
-    return {edit: exps for edit, (exps, _, _) in _in_situ_reads(cfg, run).items()}
+    return {edit: exps for edit, (exps, *_) in _in_situ_reads(cfg, run).items()}
 
 
 def _in_situ_reads(
     cfg: StudyConfig, run: RunPlan
-) -> dict[str, tuple[tuple[str, ...], tuple[str, ...], bool]]:
-    """edit -> (the experiments, the position_removal kinds, whether a condition's RPI numbers)
-    the rules judging it read."""
+) -> dict[str, tuple[tuple[str, ...], tuple[str, ...], bool, bool]]:
+    """edit -> (the experiments, the position_removal kinds, whether a condition's RPI numbers,
+    whether any probe or SSDC of position_removal) the rules judging it read."""
     from poslens.experiments.position_removal import KINDS
     from poslens.study.rules import RULES  # the rules read the experiments, not the plan
 
@@ -224,6 +224,7 @@ def _in_situ_reads(
     exps: dict[str, set[str]] = {}
     kinds: dict[str, set[str]] = {}
     rpi: set[str] = set()
+    probes: set[str] = set()
     for rule in RULES:
         if run.run_config is not None and run.model not in rule.study:
             continue
@@ -239,11 +240,14 @@ def _in_situ_reads(
                 kinds.setdefault(edit, set()).update(rule.removal)
                 if rule.removal_rpi:
                     rpi.add(edit)
+                if rule.removal_probes:
+                    probes.add(edit)
     return {
         edit: (
             tuple(x for x in cfg.experiments if x in e),
             tuple(k for k in KINDS if k in kinds.get(edit, ())),
             edit in rpi,
+            edit in probes,
         )
         for edit, e in exps.items()
         if e
@@ -254,18 +258,18 @@ def in_situ_runs(cfg: StudyConfig, run: RunPlan) -> list[RunPlan]:
     """`run`'s in-situ controls as runs of their own ("ape~table_rowcol"): the same checkpoint
     or weights, the edit applied on loading, only the experiments their rules read (study.only
     does not limit them), and of position_removal only the condition kinds they read (their RPI
-    pass only where a rule reads it). A trained
+    pass only where a rule reads it, probes only where one reads them). A trained
     model's control re-reads its finished checkpoint (no training of its own)."""
     first = run.stages[0]
     out = []
-    for edit, (exps, kinds, rpi) in _in_situ_reads(cfg, run).items():
+    for edit, (exps, kinds, rpi, probes) in _in_situ_reads(cfg, run).items():
         name = in_situ.model_name(run.model, edit)
         stages = [replace(first, model=name, weight=0.0 if first.kind == "train" else first.weight)]
         for s in run.stages[1:]:
             if s.kind not in exps:
                 continue
             config = (
-                replace(s.config, kinds=kinds, rpi=rpi)
+                replace(s.config, kinds=kinds, rpi=rpi, probes=probes)
                 if s.kind == "position_removal"
                 else s.config
             )

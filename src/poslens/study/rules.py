@@ -491,6 +491,10 @@ class Rule:
     # whether its effect or notes read a position_removal condition's RPI numbers (RPI-SSDC, the
     # probes under RPI): an in-situ control's conditions run their RPI pass only then
     removal_rpi: bool = False
+    # whether they read any of its probes or SSDC (False: accuracy and margins alone): where no
+    # rule judging an in-situ control does, its position_removal runs unprobed (one clean pass
+    # per condition, no probe site chosen)
+    removal_probes: bool = True
 
     @property
     def id(self) -> str:
@@ -794,6 +798,7 @@ RULES = (
         ),
         would_change="Removing position costing less than 10 accuracy points.",
         in_situ_gap=NO_EDIT_PLANTS_USE,
+        removal_probes=False,
         by_construction="The task's label depends on where the objects are, so a drop is "
         "expected where the model learned to read position.",
     ),

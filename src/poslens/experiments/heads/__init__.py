@@ -9,7 +9,8 @@ concerned, the wording of METHODS.md) or "block_head" (head h of one block b).
 
 Carrying: each unit masked alone (head units in every block, block_head units in their own block;
 block_head units at or after the probe site cannot reach it and are skipped). Retention of
-RPI-SSDC and of the row and column probes at the probe site (between intact and floor);
+RPI-SSDC and of the row and column probes at the probe site (between intact and floor; the RPI
+pass stops at the probe site, so carrying reports no RPI-SSDC after it);
 carrying damage = 1 - the mean of those three retentions; units ranked by it; the top-k units
 masked together against k random units (`draws` seeded draws per k).
 

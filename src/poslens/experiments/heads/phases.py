@@ -131,12 +131,16 @@ def score_carrying(
 ) -> tuple[list[ConditionResult], dict[Unit, Readout]]:
     """Each unit masked alone (head units in every block), against `at_site` (the baseline
     probed at the probe site only); block_head units at or after the probe site cannot reach it
-    and are skipped. Meta: kind, unit, block, head, damage, rank. Also the readouts, by unit."""
+    and are skipped. Meta: kind, unit, block, head, damage, rank. Also the readouts, by unit.
+    The damage reads RPI-SSDC at the probe site, so the RPI pass stops there (later sites NaN),
+    except for a block_head unit that rebuilding reads again with its SSDC (carried_readouts)."""
     carrying, readouts = [], {}
     for unit in units:
         if unit.block is None or unit.block < ref.probe_site:
             cond = heads_off(model, unit.pairs(range(model.cfg.depth)))
-            r = readouts[unit] = measure(model, x, y, cfg, cond, [ref.probe_site], fixed=ref.fixed)
+            through = None if unit.block is not None and cfg.rebuild_ssdc else ref.probe_site
+            r = readouts[unit] = measure(model, x, y, cfg, cond, [ref.probe_site], fixed=ref.fixed,
+                                         rpi_through=through)  # fmt: skip
             meta = {"kind": unit.kind, "unit": unit.name, "block": unit.block, "head": unit.head}
             c = summarise(f"carry:{unit.name}", r, at_site, ref.floor, ref.probe_site, meta)
             carrying.append(replace(c, meta=c.meta | {"damage": carrying_damage(c)}))
@@ -199,9 +203,8 @@ def score_cumulative(
                     for c in chosen
                     for p in Unit(c.meta["head"], c.meta["block"]).pairs(range(model.cfg.depth))
                 ]
-                r = measure(
-                    model, x, y, cfg, heads_off(model, pairs), [ref.probe_site], fixed=ref.fixed
-                )
+                r = measure(model, x, y, cfg, heads_off(model, pairs), [ref.probe_site],
+                            fixed=ref.fixed, rpi_through=ref.probe_site)  # fmt: skip
                 c = summarise(name, r, at_site, ref.floor, ref.probe_site, meta)
             out.append(replace(c, meta=c.meta | {"damage": carrying_damage(c)}))
         advance()
@@ -387,8 +390,10 @@ def run(
     with progress_steps(2 + len(carry_units) + len(draws) + len(masks), progress) as advance:
         ref = reference(model, x, y, cfg, extra_sites=[depth], cache=references)
         # Probes are fitted jointly over the sites of one readout, so accuracy at a site moves
-        # slightly with the other sites fitted beside it: carrying compares like with like.
-        at_site = measure(model, x, y, cfg, probe_sites=[ref.probe_site], fixed=ref.fixed)
+        # slightly with the other sites fitted beside it: carrying compares like with like (its
+        # RPI pass, as theirs, stops at the probe site).
+        at_site = measure(model, x, y, cfg, probe_sites=[ref.probe_site], fixed=ref.fixed,
+                          rpi_through=ref.probe_site)  # fmt: skip
         advance()
         attention = attention_stats(
             model, x, cfg.batch_size, cfg.min_explained, precision=cfg.precision

@@ -1,0 +1,32 @@
+"""measure()'s partial RPI pass: stopped at a site, it reads exactly what the whole pass reads
+there and nothing after it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from poslens.data import DataConfig, build_task
+from poslens.experiments.config import ExperimentConfig
+from poslens.experiments.readout import measure
+from tests.conftest import tiny
+
+
+def test_rpi_pass_stopped_at_a_site_reads_the_same_up_to_it() -> None:
+    x, y = build_task(DataConfig(image_size=16, object_scale=0.32, n_val=16, n_test=24)).split(
+        "test"
+    )
+    m = tiny("rope_axial", num_classes=16, depth=3)
+    cfg = ExperimentConfig(n_images=24, probe_images=16, batch_size=8)
+    full = measure(m, x, y, cfg, probe_sites=[1])
+    part = measure(m, x, y, cfg, probe_sites=[1], rpi_through=1)
+    n = len(full.ssdc_rpi)  # sites 0..depth
+    for a, b in ((full.ssdc_rpi, part.ssdc_rpi), (full.ssdc_rpi_norm, part.ssdc_rpi_norm)):
+        np.testing.assert_array_equal(b[:2], a[:2])
+        assert np.isnan(b[2:]).all() and len(b) == n
+    np.testing.assert_array_equal(part.correct, full.correct)  # the clean pass is whole
+    np.testing.assert_array_equal(part.margin, full.margin)
+    assert part.probes_rpi is not None and full.probes_rpi is not None
+    np.testing.assert_array_equal(part.probes_rpi.test_acc, full.probes_rpi.test_acc)
+    with pytest.raises(ValueError, match="before a probe site"):
+        measure(m, x, y, cfg, probe_sites=[2], rpi_through=1)
