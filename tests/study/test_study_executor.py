@@ -92,6 +92,22 @@ def test_a_killed_worker_loses_only_its_task_which_runs_again(tmp_path: Path) ->
     assert not multiprocessing.active_children()
 
 
+def _draw(events: Any) -> tuple[int, float]:
+    import torch
+
+    return os.getpid(), float(torch.rand(()))
+
+
+def test_a_worker_runs_task_after_task_each_from_a_fresh_seed() -> None:
+    """A worker is kept for the next task (its imports paid once), and every task draws what a
+    fresh process would: torch's global generator is reset between tasks; none is left running."""
+    tasks = [Task(str(i), _draw) for i in range(3)]
+    got = LocalPool(1).run(tasks, lambda key, ev: None)
+    assert len({pid for pid, _ in got.values()}) == 1 and got["0"][0] != os.getpid()
+    assert len({x for _, x in got.values()}) == 1
+    assert not multiprocessing.active_children()
+
+
 def test_a_task_error_reaches_the_caller_and_stops_the_other_workers(tmp_path: Path) -> None:
     start = time.monotonic()
     tasks = [Task("s", _task, ("sleep", "")), Task("f", _task, ("fail", ""))]

@@ -163,16 +163,24 @@ class _Pipe:
         self.conn.send(("event", event))
 
 
-def _worker(task: Task, conn: Connection, parent: int, keep_memory: bool) -> None:
-    """A worker process: run one task, sending its events and then its result over `conn`."""
+def _worker(conn: Connection, parent: int, keep_memory: bool) -> None:
+    """A worker process: runs the tasks it is sent over `conn`, one at a time, sending each one's
+    events and then its result, until it is sent None. Importing torch and timm costs a worker
+    about 8 s on one core, so a worker is kept for the next task rather than spawned per task;
+    each task starts from torch's global seed as a fresh process has it."""
     _end_with(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches all; the parent stops workers
     if keep_memory:
         keep_freed_memory()
-    try:
-        conn.send(("done", task.fn(*task.args, _Pipe(conn))))
-    except Exception as e:
-        conn.send(("failed", portable(e), traceback.format_exc()))
+    import torch
+
+    seed = torch.initial_seed()
+    while (task := conn.recv()) is not None:
+        torch.manual_seed(seed)
+        try:
+            conn.send(("done", task.fn(*task.args, _Pipe(conn))))
+        except Exception as e:
+            conn.send(("failed", portable(e), traceback.format_exc()))
     conn.close()
 
 
@@ -195,19 +203,37 @@ def ended(exitcode: int | None) -> str:
 
 
 class LocalProcesses:
-    """Each task in a fresh `spawn` worker process; a worker's pipe reaching its end without a
-    result means the worker died."""
+    """Tasks in `spawn` worker processes, each worker kept for the next task once it has sent a
+    result (close() ends the idle ones); a worker's pipe reaching its end without a result means
+    the worker died, and a rerun gets a fresh one."""
 
     def __init__(self) -> None:
         self.ctx = get_context("spawn")
+        self.idle: list[_Process] = []
 
     def start(self, task: Task) -> _Process:
-        conn, child = self.ctx.Pipe(duplex=False)
-        args = (task, child, os.getpid(), allocator_kept())  # workers follow this process
-        process = self.ctx.Process(target=_worker, args=args, name=task.key, daemon=True)
+        handle = self.idle.pop() if self.idle else self._spawn()
+        handle.conn.send(task)
+        return handle
+
+    def _spawn(self) -> _Process:
+        conn, child = self.ctx.Pipe()
+        args = (child, os.getpid(), allocator_kept())  # workers follow this process
+        process = self.ctx.Process(target=_worker, args=args, daemon=True)
         process.start()
-        child.close()  # the worker holds the only writing end: its death ends the pipe
+        child.close()  # the worker holds the only other end: its death ends the pipe
         return _Process(process, conn)
+
+    def close(self) -> None:
+        """End the idle workers (each finishes its loop; stopped if it does not)."""
+        for handle in self.idle:
+            try:
+                handle.conn.send(None)
+            except OSError:  # it has died meanwhile
+                pass
+            handle.process.join(timeout=30)
+            self.stop(handle)
+        self.idle.clear()
 
     def wait(self, running: dict[str, _Process]) -> list[tuple[str, Message]]:
         by_conn = {h.conn: key for key, h in running.items()}
@@ -217,12 +243,14 @@ class LocalProcesses:
             h = running[key]
             try:
                 msg: Message | None = conn.recv()
-            except EOFError:  # the worker ended without a result
+            except (EOFError, ConnectionResetError):  # the worker ended without a result
                 msg = None
-            if msg is None or msg[0] != "event":
-                h.process.join(timeout=30)  # it ends by itself once it has sent its result
+            if msg is None:
+                h.process.join(timeout=30)
                 self.stop(h)
-                msg = msg or ("lost", ended(h.process.exitcode))
+                msg = ("lost", ended(h.process.exitcode))
+            elif msg[0] != "event":  # a result: the worker waits for its next task
+                self.idle.append(h)
             news.append((key, msg))
         return news
 
@@ -239,12 +267,16 @@ class LocalProcesses:
 
 @dataclass(frozen=True)
 class LocalPool:
-    """Up to `jobs` tasks at a time, each in its own worker process."""
+    """Up to `jobs` tasks at a time in worker processes (a task per worker at a time)."""
 
     jobs: int
 
     def run(self, tasks: Sequence[Task], on_event: OnEvent) -> dict[str, Any]:
-        return schedule(tasks, LocalProcesses(), self.jobs, on_event)
+        backend = LocalProcesses()
+        try:
+            return schedule(tasks, backend, self.jobs, on_event)
+        finally:
+            backend.close()
 
 
 __all__ = ["Executor", "InProcess", "LocalPool", "Rerun", "Task", "schedule"]

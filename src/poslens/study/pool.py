@@ -126,6 +126,14 @@ def _display(plan: Plan, enabled: bool) -> Iterator[OnEvent]:
         yield lambda key, ev: update(bar, task, key, ev)
 
 
+def _cost(run: RunPlan) -> float:
+    """A pretrained run's rough cost, for the order only: its stages' weights times the size of
+    its weights file (a forward pass costs about as the parameter count; 1 for hub weights)."""
+    assert run.pretrained is not None
+    weights = Path(run.pretrained.weights)
+    return run.weight * (weights.stat().st_size if weights.is_file() else 1)
+
+
 def execute(plan: Plan, executor: Executor, progress: bool) -> dict[tuple[str, int], RunResult]:
     """Every run of the plan, by (model, seed), through `executor` (see make_executor): one task
     per trained model (its seeds as one ensemble, then their experiments), or one task per
@@ -148,10 +156,10 @@ def execute(plan: Plan, executor: Executor, progress: bool) -> dict[tuple[str, i
         if runs[0].run_config is not None:
             key = f"{model} seeds {runs[0].seed}-{runs[-1].seed}"
             tasks[key] = Task(key, model_task, (runs, *args))
-        else:
-            for r in runs:
-                key = f"{r.model} seed {r.seed}"
-                tasks[key] = Task(key, run_task, (r, *args))
+    # pretrained runs, the costliest first: the last tasks running alone are the short ones
+    for r in sorted((r for r in plan.runs if r.run_config is None), key=lambda r: -_cost(r)):
+        key = f"{r.model} seed {r.seed}"
+        tasks[key] = Task(key, run_task, (r, *args))
     with _display(plan, progress) as on_event:
         by_key = executor.run(list(tasks.values()), on_event)
     results: dict[tuple[str, int], RunResult] = {}
