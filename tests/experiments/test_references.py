@@ -123,3 +123,37 @@ def test_depth_profile_reads_the_baseline_and_clean_ssdc_as_one_readout_did() ->
     (cached,) = fresh.values()
     assert isinstance(cached, readout.Readout) and cached.ssdc_clean is None
     np.testing.assert_array_equal(cached.ssdc_rpi, one.ssdc_rpi)
+
+
+def test_a_reference_without_rpi_probes_picks_the_same_site_and_reads_the_same_clean_probes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """rpi_probes=false (an in-situ control whose rules read no RPI number): the same probe site
+    (its RPI-SSDC tie-break is still measured), the same clean probes and fixed clean readouts,
+    no probe under RPI and no RPI pass for the floor (its RPI-SSDC NaN, never 0); the cache
+    keeps the two apart."""
+    from poslens.experiments import position_removal as pr
+
+    model = tiny("rope_axial", num_classes=16)
+    task = build_task(DATA)
+    x, y = eval_images(task, CFG)
+    lean = replace(CFG, rpi_probes=False)
+    cache: ReferenceCache = {}
+    full, bare = (reference(model, x, y, c, cache=cache) for c in (CFG, lean))
+    assert len(cache) == 4  # a baseline and a reference each
+    assert bare.probe_site == full.probe_site
+    np.testing.assert_array_equal(bare.base.ssdc_rpi, full.base.ssdc_rpi)
+    assert bare.base.probes is not None and full.base.probes is not None
+    np.testing.assert_array_equal(bare.base.probes.test_acc, full.base.probes.test_acc)
+    assert bare.base.probes_rpi is None and bare.fixed.rpi is None
+    assert np.isnan(bare.floor.ssdc_rpi).all() and bare.floor.fixed_rpi is None
+    assert bare.floor.fixed is not None and full.floor.fixed is not None
+    np.testing.assert_array_equal(bare.floor.fixed, full.floor.fixed)
+    cfg = pr.Config(**{**CFG.__dict__, "n_planes": (2,)})
+    res = {c.rpi_probes: pr.run(model, task, c) for c in (cfg, replace(cfg, rpi_probes=False))}
+    for a, b in zip(res[True].conditions, res[False].conditions, strict=True):
+        assert a.name == b.name and b.probe_fixed_rpi is None
+        np.testing.assert_array_equal(a.probe_fixed, b.probe_fixed)
+        np.testing.assert_array_equal(
+            a.retention["probe_fixed_row"], b.retention["probe_fixed_row"]
+        )

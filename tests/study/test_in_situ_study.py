@@ -52,7 +52,10 @@ def test_each_study_model_gets_the_edits_its_rules_name(tmp_path: Path) -> None:
                     "heads_axis_split": ("axis", "random_axis"),
                     "freqs_oblique": ("axis", "random_axis"), "position_shuffled": ()}[r.edit]  # fmt: skip
             assert removal == {(want, False, r.edit != "position_shuffled")}
+            # nothing probed under RPI: no rule judging these edits reads an RPI number (Rule.rpi)
+            assert all(not s.config.rpi_probes for s in r.stages[1:])
         else:
+            assert all(s.config.rpi_probes for s in r.stages[1:])
             assert all((s.config.kinds, s.config.rpi, s.config.probes)
                        == (pr.Config().kinds, True, True)
                        for s in r.stages if s.kind == "position_removal")  # fmt: skip

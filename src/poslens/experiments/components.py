@@ -28,6 +28,7 @@ from poslens.experiments.conditions import Condition
 from poslens.experiments.config import ExperimentConfig, resolved
 from poslens.experiments.output import Experiment, Header, Headline, top_level_numbers
 from poslens.experiments.readout import (
+    SSDC_DTYPE,
     ConditionResult,
     ReferenceCache,
     eval_images,
@@ -173,7 +174,7 @@ def run_patching(model: ViT, images: torch.Tensor, labels: torch.Tensor, cfg: Co
     targets += [("resid", "all", donor, names["resid"]) for donor in DONORS]
     dev = model.head.weight.device
     gh, gw = model.grid_of(images[:1])
-    ssdc = {k: SSDC(gh, gw) for k in ["clean", "rpi", *((s, b, d) for s, b, d, _ in targets)]}
+    ssdc = {k: SSDC(gh, gw, SSDC_DTYPE) for k in ["clean", "rpi", *((s, b, d) for s, b, d, _ in targets)]}
     parts: list[tuple[int, dict[Any, tuple[torch.Tensor, torch.Tensor]]]] = []
 
     def record(

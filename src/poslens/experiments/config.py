@@ -29,6 +29,10 @@ class ExperimentConfig:
     # SSDC on the first ssdc_images of the n_images only (0: all of them); the original protocol
     # measured accuracy on 5,000 images and SSDC on 1,000
     ssdc_images: int = 0
+    # False: nothing is probed under RPI and the floor has no RPI pass (the intact model's
+    # RPI-SSDC is still measured: it breaks ties of the probe site). The study sets it for an
+    # in-situ control whose rules read no number measured under RPI (Rule.rpi).
+    rpi_probes: bool = True
 
     def __post_init__(self) -> None:
         for name in ("n_images", "probe_images", "draws"):
@@ -49,6 +53,8 @@ class ExperimentConfig:
                 f"analysis.probe_images ({self.probe_images}) cannot exceed analysis.n_images "
                 f"({self.n_images})"
             )
+        if not isinstance(self.rpi_probes, bool):
+            raise ConfigError(f"analysis.rpi_probes must be true or false, got {self.rpi_probes!r}")
         one_of("analysis.split", self.split, ("val", "test"))
         one_of("analysis.precision", self.precision, ANALYSIS_PRECISIONS)
         if not isinstance(self.probe_block, int) or self.probe_block < -1:

@@ -77,6 +77,11 @@ def eval_images(data: Task, cfg: ExperimentConfig) -> tuple[torch.Tensor, torch.
     return x[: cfg.n_images], y[: cfg.n_images]
 
 
+# The precision of each batch's cosine matrices in SSDC (the running sum is float64 either way):
+# float32 agrees with float64 to ~1e-7 (metrics.ssdc) and is about 4x faster on a CPU, where the
+# float64 matrices of a ViT-S's 26 sites cost about as much as the forward pass they read.
+SSDC_DTYPE = torch.float32
+
 PROBE_KINDS = ("refit", "fixed", "refit_rpi", "fixed_rpi")
 # ConditionResult's field for each kind of probe readout
 PROBE_FIELDS = {
@@ -87,11 +92,12 @@ PROBE_FIELDS = {
 @dataclass(frozen=True)
 class FixedProbes:
     """Probes fitted once on the intact model (clean and under RPI) at `sites`, applied unchanged
-    to every condition's activations of the same images: what the model's representation lost."""
+    to every condition's activations of the same images: what the model's representation lost.
+    rpi is None where the intact model was not probed under RPI (rpi_probes=False)."""
 
     sites: tuple[int, ...]
     clean: PositionProbes
-    rpi: PositionProbes
+    rpi: PositionProbes | None
 
 
 @dataclass(frozen=True)
@@ -145,7 +151,10 @@ class Readout:
     def fixed_probes(self) -> FixedProbes:
         """This (intact) readout's refitted probes as the fixed probes of other conditions."""
         if self.fitted is None:
-            raise ValueError("this readout fitted no probes, or had no RPI pass to fit them under")
+            raise ValueError(
+                "this readout fitted no probes, or had no RPI pass to fit them under (a readout "
+                "measured with rpi_probes=False gives clean fixed probes alone)"
+            )
         return self.fitted
 
     def summary(self) -> dict[str, Any]:
@@ -244,7 +253,7 @@ def measure(
     probes (those need both). resume: the pass begins at `resume.block` from that
     prefix (the caller's guarantee: `condition` agrees with the prefix's on the blocks before);
     for such a clean pass only (rpi_pass=False, no clean SSDC). rpi_probes=False: the RPI pass
-    reads SSDC only, no probes are fitted under RPI (and the readout cannot become fixed probes).
+    reads SSDC only, no probes are fitted under RPI (its fixed probes are then clean only).
     rpi_through=s: the RPI pass stops after site s (no probe site beyond it): RPI-SSDC is NaN at
     the later sites, for a caller that reads it no further (the rest of the pass is not run).
 
@@ -305,7 +314,7 @@ def _measure(
     correct: list[tuple[int, torch.Tensor]] = []
     margin: list[tuple[int, torch.Tensor]] = []
     gh, gw = model.grid_of(images[:1])
-    clean = [SSDC(gh, gw) for _ in raw + norm] if clean_ssdc else []
+    clean = [SSDC(gh, gw, SSDC_DTYPE) for _ in raw + norm] if clean_ssdc else []
     starts = shard(len(images), cfg.batch_size)  # under torchrun: every world-th batch
     n_ssdc = min(cfg.ssdc_images or len(images), len(images))  # SSDC reads the first n_ssdc
     labelled = model.cfg.num_classes > 0
@@ -348,7 +357,7 @@ def _measure(
                 if fixed is not None:
                     fixed_acc = _read_fixed(fixed, fixed.clean, probe_sites, stacked)
                 del stacked
-        under_rpi = [SSDC(gh, gw) for _ in raw + norm]
+        under_rpi = [SSDC(gh, gw, SSDC_DTYPE) for _ in raw + norm]
         n_probe = cfg.probe_images if probe_sites and rpi_probes else 0  # probed under RPI
         n_rpi = max(n_ssdc, n_probe) if rpi_pass else 0  # images the RPI pass reads: SSDC's, probes'
         with rpi(model, seed=cfg.seed):
@@ -378,13 +387,15 @@ def _measure(
     cache = None  # frees the last batch's cached sites
     if probe_sites:
         assert fit is not None
+        fit_rpi = None
         if rpi_pass and rpi_probes:
             stacked_rpi = _stacked(feats_rpi)
             fit_rpi = fit_probes(stacked_rpi, gh, gw, seed=cfg.seed, shuffle_labels=probe_control)
             probes_rpi = fit_rpi.result
-            fitted = FixedProbes(probe_sites, fit, fit_rpi)
-            if fixed is not None:
+            if fixed is not None and fixed.rpi is not None:
                 fixed_rpi = _read_fixed(fixed, fixed.rpi, probe_sites, stacked_rpi)
+        if fit_rpi is not None or not rpi_probes:  # RPI probes fitted, or none asked for
+            fitted = FixedProbes(probe_sites, fit, fit_rpi)
     return Readout(
         correct=in_order(correct).numpy(),
         margin=in_order(margin).double().numpy(),
@@ -630,7 +641,8 @@ def baseline(
     here (the cache keeps it without, as every other consumer reads it), else in a clean pass of
     its own (the same batches: the same numbers)."""
     key = () if cache is None else ("baseline", reference_key(model, images, labels, cfg, sites))
-    probed = lambda: measure(model, images, labels, cfg, probe_sites=sites)  # noqa: E731
+    probed = lambda: measure(model, images, labels, cfg, probe_sites=sites,  # noqa: E731
+                             rpi_probes=cfg.rpi_probes)  # fmt: skip
     if not clean_ssdc:
         return _cached(cache, key, probed)
     if cache is not None and key in cache:  # measured before: clean SSDC in a pass of its own
@@ -640,7 +652,8 @@ def baseline(
             ssdc_clean=clean.ssdc_clean,
             ssdc_clean_norm=clean.ssdc_clean_norm,
         )
-    full = measure(model, images, labels, cfg, probe_sites=sites, clean_ssdc=True)
+    full = measure(model, images, labels, cfg, probe_sites=sites, clean_ssdc=True,
+                   rpi_probes=cfg.rpi_probes)  # fmt: skip
     if cache is not None:  # its own copy, as _cached keeps one
         cache[key] = dataclasses.replace(copy.deepcopy(full), ssdc_clean=None, ssdc_clean_norm=None)
     return full
@@ -665,13 +678,11 @@ def reference(
     key = () if cache is None else reference_key(model, images, labels, cfg, sites)
 
     def measured() -> Reference:
-        base = _cached(
-            cache, ("baseline", key), lambda: measure(model, images, labels, cfg, probe_sites=sites)
-        )
+        base = _cached(cache, ("baseline", key), lambda: measure(
+            model, images, labels, cfg, probe_sites=sites, rpi_probes=cfg.rpi_probes))  # fmt: skip
         site = cfg.probe_block if fixed else choose_probe_site(base)
-        floor = measure(
-            model, images, labels, cfg, floor_condition(model), [site], fixed=base.fixed_probes()
-        )
+        floor = measure(model, images, labels, cfg, floor_condition(model), [site],
+                        fixed=base.fixed_probes(), rpi_pass=cfg.rpi_probes)  # fmt: skip
         return Reference(base, floor, site)
 
     return _cached(cache, ("reference", key), measured)

@@ -213,9 +213,10 @@ def in_situ_edits(cfg: StudyConfig, run: RunPlan) -> dict[str, tuple[str, ...]]:
 
 def _in_situ_reads(
     cfg: StudyConfig, run: RunPlan
-) -> dict[str, tuple[tuple[str, ...], tuple[str, ...], bool, bool]]:
+) -> dict[str, tuple[tuple[str, ...], tuple[str, ...], bool, bool, bool]]:
     """edit -> (the experiments, the position_removal kinds, whether a condition's RPI numbers,
-    whether any probe or SSDC of position_removal) the rules judging it read."""
+    whether any probe or SSDC of position_removal, whether any number under RPI) the rules
+    judging it read."""
     from poslens.experiments.position_removal import KINDS
     from poslens.study.rules import RULES  # the rules read the experiments, not the plan
 
@@ -225,6 +226,7 @@ def _in_situ_reads(
     kinds: dict[str, set[str]] = {}
     rpi: set[str] = set()
     probes: set[str] = set()
+    any_rpi: set[str] = set()
     for rule in RULES:
         if run.run_config is not None and run.model not in rule.study:
             continue
@@ -236,6 +238,8 @@ def _in_situ_reads(
             if run.run_config is not None and not in_situ.get(edit).applies(run.run_config.model):
                 continue
             exps.setdefault(edit, set()).update(e for e in rule.reads if e in cfg.experiments)
+            if rule.rpi or rule.removal_rpi:
+                any_rpi.add(edit)
             if "position_removal" in rule.reads:
                 kinds.setdefault(edit, set()).update(rule.removal)
                 if rule.removal_rpi:
@@ -248,6 +252,7 @@ def _in_situ_reads(
             tuple(k for k in KINDS if k in kinds.get(edit, ())),
             edit in rpi,
             edit in probes,
+            edit in any_rpi,
         )
         for edit, e in exps.items()
         if e
@@ -258,11 +263,12 @@ def in_situ_runs(cfg: StudyConfig, run: RunPlan) -> list[RunPlan]:
     """`run`'s in-situ controls as runs of their own ("ape~table_rowcol"): the same checkpoint
     or weights, the edit applied on loading, only the experiments their rules read (study.only
     does not limit them), and of position_removal only the condition kinds they read (their RPI
-    pass only where a rule reads it, probes only where one reads them). A trained
+    pass only where a rule reads it, probes only where one reads them; nothing probed under RPI
+    where no rule reads an RPI number). A trained
     model's control re-reads its finished checkpoint (no training of its own)."""
     first = run.stages[0]
     out = []
-    for edit, (exps, kinds, rpi, probes) in _in_situ_reads(cfg, run).items():
+    for edit, (exps, kinds, rpi, probes, any_rpi) in _in_situ_reads(cfg, run).items():
         name = in_situ.model_name(run.model, edit)
         stages = [replace(first, model=name, weight=0.0 if first.kind == "train" else first.weight)]
         for s in run.stages[1:]:
@@ -273,6 +279,7 @@ def in_situ_runs(cfg: StudyConfig, run: RunPlan) -> list[RunPlan]:
                 if s.kind == "position_removal"
                 else s.config
             )
+            config = config if any_rpi else replace(config, rpi_probes=False)
             stages.append(replace(s, model=name, only=None, config=config))
         windows = in_situ.get(edit).finetune
         tune = FineTune(windows, cfg.finetune_steps, cfg.finetune_lr, cfg.finetune_batch,

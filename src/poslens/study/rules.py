@@ -495,6 +495,10 @@ class Rule:
     # rule judging an in-situ control does, its position_removal runs unprobed (one clean pass
     # per condition, no probe site chosen)
     removal_probes: bool = True
+    # whether its effect or notes read any number measured under RPI (RPI-SSDC, probes under
+    # RPI) in any experiment: an in-situ control that only rules without are judged on is
+    # measured without RPI probes (ExperimentConfig.rpi_probes)
+    rpi: bool = False
 
     @property
     def id(self) -> str:
@@ -691,6 +695,7 @@ RULES = (
         "alone is not compensation (the sharper test subtracts the later blocks' ordinary part).",
         notes=rebuild_retention_notes,
         in_situ_gap=NO_EDIT_PLANTS_REBUILDING,
+        rpi=True,
     ),
     Rule(
         "rope_rebuilds",
@@ -712,6 +717,7 @@ RULES = (
         "beyond that is compensation.",
         notes=rebuild_notes,
         in_situ_gap=NO_EDIT_PLANTS_REBUILDING,
+        rpi=True,
     ),
     Rule(
         "heads_rebuild",

@@ -102,7 +102,7 @@ class Source:
             if self.checkpoint is not None:
                 self._loaded = poslens.load(self.checkpoint, device=device)
             else:
-                self._loaded = poslens.load(self.spec, weights=self.weights, device=device)
+                self._loaded = converted(self.spec, self.weights, device)
         model = copy.deepcopy(self._loaded)
         if self._task is None:
             if self.checkpoint is not None:
@@ -159,6 +159,25 @@ class Source:
         images = f"{TASK_PREFIX}{where}" if task else str(where)
         return {"model": self.spec, "weights": self.weights, "weights_bytes": size,
                 "images": images, "image_seed": self.seed} | edit  # fmt: skip
+
+
+# The last pretrained model this process converted, by (spec, weights file and its size and
+# time, device): a worker runs task after task (study.executor), and the next run of the same
+# weights (another seed, an in-situ control) copies it instead of converting the weights again.
+# One model is kept: the memory of one more copy (88 MB for a ViT-S), not of every model.
+_CONVERTED: dict[tuple[object, ...], ViT] = {}
+
+
+def converted(spec: str, weights: str, device: str) -> ViT:
+    """The pretrained model `spec` with `weights`, converted once per process (never edited:
+    every user takes a deep copy)."""
+    path = Path(weights)
+    stat = path.stat() if path.is_file() else None
+    key = (spec, weights, None if stat is None else (stat.st_size, stat.st_mtime_ns), device)
+    if key not in _CONVERTED:
+        _CONVERTED.clear()
+        _CONVERTED[key] = poslens.load(spec, weights=weights, device=device)
+    return _CONVERTED[key]
 
 
 def check_task_fits(task: Task, model: ViT, images: str) -> None:

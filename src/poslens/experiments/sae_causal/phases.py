@@ -221,7 +221,8 @@ def run_site(
     fixed = base.fixed_probes()
     results, probes = [], {}
     for name, cond, meta in track(conditions(sae, pl, codes, cfg), f"sae_causal {site}", progress):
-        r = measure(model, x, y, cfg, cond, probe_sites=probe_sites, fixed=fixed)
+        r = measure(model, x, y, cfg, cond, probe_sites=probe_sites, fixed=fixed,
+                    rpi_probes=cfg.rpi_probes)  # fmt: skip
         results.append(summarise(name, r, base, floor, idx, meta))
         probes[name] = probe_table(r, probe_sites)
     probes["intact"] = probe_table(base, probe_sites)
@@ -261,9 +262,8 @@ def run(
     probe_block = cfg.probe_block if cfg.probe_block >= 0 else choose_probe_site(base)
     sites = resolve_sites(model, cfg, probe_block)
     floor_sites = sorted({site_index(model, s) for s in sites} | {model.cfg.depth})
-    floor = measure(
-        model, x, y, cfg, floor_condition(model), floor_sites, fixed=base.fixed_probes()
-    )
+    floor = measure(model, x, y, cfg, floor_condition(model), floor_sites,
+                    fixed=base.fixed_probes(), rpi_pass=cfg.rpi_probes)  # fmt: skip
     results = [
         run_site(model, data, cfg, s, base, floor, x, y, progress, (saes or {}).get(s), roles)
         for s, roles in sites.items()

@@ -118,12 +118,16 @@ class SiteResult:
         """How far the `target` probe (exact, row, col) of `kind` at probe site `where` (0: the
         SAE's site, -1: out) fell toward chance: (intact - condition) / (intact - chance). NaN
         (not measured, never 0) where the intact probe is no better than chance: there is no
-        way toward chance to go."""
+        way toward chance to go), or where that kind was not measured (nothing probed under RPI)."""
         j = TARGETS.index(target)
-        intact = self.probes["intact"][kind.replace("fixed", "refit")][where, j]
+        read = self.probes[name].get(kind)
+        base = self.probes["intact"].get(kind.replace("fixed", "refit"))
+        if read is None or base is None:
+            return math.nan
+        intact = base[where, j]
         chance = self.probes["chance"]["refit"][where, j]
         gap = intact - chance
-        return float((intact - self.probes[name][kind][where, j]) / gap) if gap > 0 else math.nan
+        return float((intact - read[where, j]) / gap) if gap > 0 else math.nan
 
     def summary(self) -> dict[str, Any]:
         """Per condition group: the fixed and refitted exact probe's drop toward chance at the
