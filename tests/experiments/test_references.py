@@ -100,7 +100,9 @@ def test_the_cache_keys_on_what_the_reference_reads(monkeypatch: pytest.MonkeyPa
     assert len(calls) == 8
 
 
-def test_depth_profile_reads_the_baseline_and_clean_ssdc_as_one_readout_did() -> None:
+def test_depth_profile_reads_the_baseline_and_clean_ssdc_as_one_readout_did(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """depth_profile takes the (shareable) baseline with clean SSDC read in its clean pass, or in
     a clean pass of its own where the baseline was measured before: every number equals the
     single probed readout with clean SSDC."""
@@ -120,8 +122,13 @@ def test_depth_profile_reads_the_baseline_and_clean_ssdc_as_one_readout_did() ->
             np.testing.assert_array_equal(getattr(res, field), getattr(one, field))
         np.testing.assert_array_equal(res.probes.test_acc, one.probes.test_acc)
         assert (res.accuracy, res.margin) == (one.accuracy, float(one.margin.mean()))
-    (cached,) = fresh.values()
+    (key,) = (k for k in fresh if k[0] == "baseline")  # and one kept with clean SSDC
+    cached = fresh[key]
     assert isinstance(cached, readout.Readout) and cached.ssdc_clean is None
+    calls = count_measures(monkeypatch)
+    again = baseline(model, x, y, CFG, range(3), cache=fresh, clean_ssdc=True)
+    assert not calls and again.ssdc_clean is not None  # asked again: no pass at all
+    np.testing.assert_array_equal(again.ssdc_clean, one.ssdc_clean)
     np.testing.assert_array_equal(cached.ssdc_rpi, one.ssdc_rpi)
 
 

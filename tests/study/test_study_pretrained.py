@@ -129,6 +129,40 @@ def test_pretrained_study_layout_schema_and_claims(study: tuple[Path, dict[str, 
     assert "Pretrained models" in report and f"timm:{APE}" in report
 
 
+def test_the_load_stage_measures_the_baseline_its_experiments_read(
+    sources: tuple[Path, dict[str, Path]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pretrained run's accuracy is read from the intact baseline that its first experiment
+    reads, measured by the load stage into the run's cache: the same number as a plain pass,
+    and that experiment finds it there (no pass of its own); a control whose position_removal
+    runs unprobed (position_shuffled) measures accuracy in a plain pass."""
+    from poslens.experiments import readout
+    from poslens.experiments.config import resolved
+    from poslens.study.plan import make_plan
+    from poslens.study.stages import Source, baseline_stage, load_stage
+
+    plan = make_plan(_cfg(*sources), tmp_path)
+    runs = {(r.model, r.seed): r for r in plan.runs}
+    run = runs[ROPE, 0]
+    cache: readout.ReferenceCache = {}
+    assert run.stages[0].config is not None
+    rec = load_stage(Source.of(run), run.stages[0].config, "cpu", run.stages[1:], cache)
+    plain = load_stage(Source.of(run), run.stages[0].config, "cpu")
+    assert rec["test_acc"] == plain["test_acc"]
+    model, data = Source.of(run).load("cpu")
+    first = baseline_stage(run.stages[1:], model)
+    assert first is not None and first.kind == "depth_profile" and first.config is not None
+    calls: list[int] = []
+    monkeypatch.setattr(readout, "measure", lambda *a, **k: calls.append(1))  # type: ignore[func-returns-value]
+    cfg = resolved(first.config, model)
+    x, y = readout.eval_images(data, cfg)
+    base = readout.baseline(model, x, y, cfg, range(model.cfg.depth + 1), cache, clean_ssdc=True)
+    assert not calls and base.ssdc_clean is not None and base.accuracy == rec["test_acc"]
+    shuffled = runs[f"{ROPE}~position_shuffled", 0]
+    m, _ = Source.of(shuffled).load("cpu")
+    assert baseline_stage(shuffled.stages[1:], m) is None
+
+
 def test_pretrained_study_rerun_reuses_every_stage(
     study: tuple[Path, dict[str, Any]], sources: tuple[Path, dict[str, Path]]
 ) -> None:

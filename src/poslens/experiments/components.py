@@ -174,7 +174,10 @@ def run_patching(model: ViT, images: torch.Tensor, labels: torch.Tensor, cfg: Co
     targets += [("resid", "all", donor, names["resid"]) for donor in DONORS]
     dev = model.head.weight.device
     gh, gw = model.grid_of(images[:1])
-    ssdc = {k: SSDC(gh, gw, SSDC_DTYPE) for k in ["clean", "rpi", *((s, b, d) for s, b, d, _ in targets)]}
+    ssdc = {
+        k: SSDC(gh, gw, SSDC_DTYPE)
+        for k in ["clean", "rpi", *((s, b, d) for s, b, d, _ in targets)]
+    }
     parts: list[tuple[int, dict[Any, tuple[torch.Tensor, torch.Tensor]]]] = []
 
     def record(
@@ -343,5 +346,13 @@ def headline(d: dict[str, Any]) -> Headline:
 
 
 EXPERIMENT = Experiment(
-    "components", Config, run, applies, headline, plot, cost=40, shares_reference=True
+    "components",
+    Config,
+    run,
+    applies,
+    headline,
+    plot,
+    cost=40,
+    shares_reference=True,
+    reads_baseline=True,
 )

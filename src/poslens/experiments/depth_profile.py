@@ -196,5 +196,13 @@ def headline(d: dict[str, Any]) -> Headline:
 
 
 EXPERIMENT = Experiment(
-    "depth_profile", Config, run, applies, headline, plot, shares_reference=True
+    "depth_profile",
+    Config,
+    run,
+    applies,
+    headline,
+    plot,
+    shares_reference=True,
+    reads_baseline=True,
+    baseline_clean_ssdc=True,
 )

@@ -70,7 +70,10 @@ class Experiment:
     the module functions every experiment defines. `cost`: the relative cost of one evaluated
     image (what the study's progress ETA weighs stages by). `shares_reference`: run() takes
     `references` (a readout.ReferenceCache), so analyze measures its reference (or baseline) once
-    per model."""
+    per model. `reads_baseline`: run() reads the intact baseline probed at every site under its
+    own config (readout.baseline, or reference() without a fixed probe_block), with clean SSDC
+    where `baseline_clean_ssdc`: a study's load stage measures it in its place and reads the
+    model's accuracy from it (study.stages.load_stage)."""
 
     name: str
     Config: type[ExperimentConfig]
@@ -80,6 +83,8 @@ class Experiment:
     plot: Callable[[Any], Figure]  # Result -> Figure
     cost: float = 4.0
     shares_reference: bool = False
+    reads_baseline: bool = False
+    baseline_clean_ssdc: bool = False
 
 
 def headline_key(condition: str, number: str) -> str:

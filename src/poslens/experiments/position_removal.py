@@ -434,5 +434,12 @@ def headline(d: dict[str, Any]) -> Headline:
 
 
 EXPERIMENT = Experiment(
-    "position_removal", Config, run, applies, headline, plot, shares_reference=True
+    "position_removal",
+    Config,
+    run,
+    applies,
+    headline,
+    plot,
+    shares_reference=True,
+    reads_baseline=True,
 )

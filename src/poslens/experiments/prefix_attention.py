@@ -239,5 +239,12 @@ def headline(d: dict[str, Any]) -> Headline:
 
 
 EXPERIMENT = Experiment(
-    "prefix_attention", Config, run, applies, headline, plot, shares_reference=True
+    "prefix_attention",
+    Config,
+    run,
+    applies,
+    headline,
+    plot,
+    shares_reference=True,
+    reads_baseline=True,
 )

@@ -300,13 +300,13 @@ def _measure(
     if resume is not None and (rpi_pass or clean_ssdc or resume.batch_size != cfg.batch_size):
         raise ValueError("a prefix starts clean passes without SSDC, at its own batch size")
     raw, norm = site_names(model)
+    p = model.cfg.num_prefix
+    dev = model.head.weight.device
+    probe_sites = tuple(check_site(model, s) for s in probe_sites)
     reach = len(raw) - 1 if rpi_through is None else check_site(model, rpi_through)
     if any(s > reach for s in probe_sites):
         raise ValueError(f"the RPI pass stops at site {reach}, before a probe site {probe_sites}")
     reached = [*raw[: reach + 1], *norm[: reach + 1]]  # the sites the RPI pass reads
-    p = model.cfg.num_prefix
-    dev = model.head.weight.device
-    probe_sites = tuple(check_site(model, s) for s in probe_sites)
     if cfg.probe_block >= 0:  # a fixed probe site must exist, also where an experiment probes all
         check_site(model, cfg.probe_block)
     feats: list[list[tuple[int, torch.Tensor]]] = [[] for _ in probe_sites]
@@ -638,13 +638,16 @@ def baseline(
     reused from `cache` where measured before with the same reference_key.
 
     clean_ssdc: with clean SSDC too, read in the baseline's own clean pass when it is measured
-    here (the cache keeps it without, as every other consumer reads it), else in a clean pass of
-    its own (the same batches: the same numbers)."""
+    here (the cache keeps it without, as every other consumer reads it, and with it for the next
+    such call), else in a clean pass of its own (the same batches: the same numbers)."""
     key = () if cache is None else ("baseline", reference_key(model, images, labels, cfg, sites))
+    with_clean = ("baseline with clean SSDC", *key[1:])
     probed = lambda: measure(model, images, labels, cfg, probe_sites=sites,  # noqa: E731
                              rpi_probes=cfg.rpi_probes)  # fmt: skip
     if not clean_ssdc:
         return _cached(cache, key, probed)
+    if cache is not None and with_clean in cache:
+        return _cached(cache, with_clean, probed)  # never measures: the key is there
     if cache is not None and key in cache:  # measured before: clean SSDC in a pass of its own
         clean = measure(model, images, labels, cfg, clean_ssdc=True, rpi_pass=False)
         return dataclasses.replace(
@@ -654,8 +657,9 @@ def baseline(
         )
     full = measure(model, images, labels, cfg, probe_sites=sites, clean_ssdc=True,
                    rpi_probes=cfg.rpi_probes)  # fmt: skip
-    if cache is not None:  # its own copy, as _cached keeps one
+    if cache is not None:  # its own copies, as _cached keeps one
         cache[key] = dataclasses.replace(copy.deepcopy(full), ssdc_clean=None, ssdc_clean_norm=None)
+        cache[with_clean] = copy.deepcopy(full)
     return full
 
 

@@ -436,5 +436,13 @@ def _compensation_numbers(name: str, c: dict[str, Any]) -> Headline:
 
 
 EXPERIMENT = Experiment(
-    "windows", Config, run, applies, headline, plot, cost=12, shares_reference=True
+    "windows",
+    Config,
+    run,
+    applies,
+    headline,
+    plot,
+    cost=12,
+    shares_reference=True,
+    reads_baseline=True,
 )

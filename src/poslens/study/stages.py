@@ -253,10 +253,36 @@ def train_group(
     return out
 
 
+def baseline_stage(stages: tuple[Stage, ...], model: ViT) -> Stage | None:
+    """The first of `stages` that runs on `model` and reads the intact baseline at every site
+    (Experiment.reads_baseline, no fixed probe_block, position_removal probed), or None."""
+    from poslens.experiments import position_removal
+    from poslens.experiments.registry import get
+
+    for s in stages:
+        c, exp = s.config, get(s.kind)
+        if s.skipped_for(model.cfg.posenc) or exp.applies(model) is not None or c is None:
+            continue
+        unprobed = isinstance(c, position_removal.Config) and not c.probes
+        if exp.reads_baseline and c.probe_block < 0 and not unprobed:
+            return s
+    return None
+
+
 @torch.no_grad()
-def load_stage(source: Source, ecfg: ExperimentConfig, device: str) -> dict[str, Any]:
+def load_stage(
+    source: Source,
+    ecfg: ExperimentConfig,
+    device: str,
+    stages: tuple[Stage, ...] = (),
+    references: ReferenceCache | None = None,
+) -> dict[str, Any]:
     """A pretrained run's first stage: load the model and images, and measure test accuracy on the
-    evaluation images (the pretrained counterpart of a trained model's training summary)."""
+    evaluation images (the pretrained counterpart of a trained model's training summary).
+
+    Where one of the run's experiment `stages` reads the intact baseline (baseline_stage), the
+    accuracy is read from that baseline, measured here into `references` for the experiment to
+    reuse: the same clean pass, so the same number, and one forward pass fewer per run."""
     model, data = source.load(device)
     ecfg = resolved(ecfg, model)
     x, y = eval_images(data, ecfg)
@@ -265,11 +291,25 @@ def load_stage(source: Source, ecfg: ExperimentConfig, device: str) -> dict[str,
     if source.finetuned is not None:
         edit["finetune"] = source.finetuned
     # a control whose edit does not fit this model is dropped from the study: nothing to measure
-    with autocast(dev, ecfg.precision):  # the precision of the study's forward passes
-        correct = sum(
-            int((model(x[i : i + ecfg.batch_size].to(dev)).argmax(-1).cpu() == y[i : i + ecfg.batch_size]).sum())
-            for i in range(0, len(x), ecfg.batch_size)
-        ) if n_classes and source.not_applied is None else None  # fmt: skip
+    first = baseline_stage(stages, model) if references is not None else None
+    correct = None
+    if n_classes and source.not_applied is None and first is not None:
+        from poslens.experiments.readout import baseline
+        from poslens.experiments.registry import get
+
+        assert first.config is not None
+        cfg = resolved(first.config, model)
+        xb, yb = eval_images(data, cfg)
+        sites = range(model.cfg.depth + 1)
+        clean = get(first.kind).baseline_clean_ssdc
+        base = baseline(model, xb, yb, cfg, sites, cache=references, clean_ssdc=clean)
+        correct = int(base.correct.sum())
+    elif n_classes and source.not_applied is None:
+        with autocast(dev, ecfg.precision):  # the precision of the study's forward passes
+            correct = sum(
+                int((model(x[i : i + ecfg.batch_size].to(dev)).argmax(-1).cpu() == y[i : i + ecfg.batch_size]).sum())
+                for i in range(0, len(x), ecfg.batch_size)
+            )  # fmt: skip
     return {  # a backbone without classifier (num_classes=0) has no accuracy: null
         "model": source.spec,
         "weights": source.weights,
@@ -352,7 +392,8 @@ def run_one(
             record = finished(marker, key)
             reused = record is not None
             if record is None:
-                record = load_stage(source, c, device) | {"config_hash": key}
+                record = load_stage(source, c, device, run.stages[1:], references)
+                record |= {"config_hash": key}
                 write_json(marker, jsonable(record))
             posenc = record["posenc"]
             not_applied = record.get("not_applied")

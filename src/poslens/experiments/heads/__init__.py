@@ -55,7 +55,15 @@ from poslens.experiments.heads.result import Heads, headline
 from poslens.experiments.output import Experiment
 
 EXPERIMENT = Experiment(
-    "heads", Config, run, applies, headline, plot, cost=20, shares_reference=True
+    "heads",
+    Config,
+    run,
+    applies,
+    headline,
+    plot,
+    cost=20,
+    shares_reference=True,
+    reads_baseline=True,
 )
 
 __all__ = ["EXPERIMENT", "Config", "Heads", "applies", "headline", "plot", "run"]

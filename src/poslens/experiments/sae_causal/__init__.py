@@ -61,7 +61,15 @@ from poslens.experiments.sae_causal.result import (
 )
 
 EXPERIMENT = Experiment(
-    "sae_causal", Config, run, applies, headline, plot, cost=30, shares_reference=True
+    "sae_causal",
+    Config,
+    run,
+    applies,
+    headline,
+    plot,
+    cost=30,
+    shares_reference=True,
+    reads_baseline=True,
 )
 
 __all__ = [
