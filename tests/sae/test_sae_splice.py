@@ -108,3 +108,13 @@ def test_spliced_quality_reports_both_splices(setup: tuple) -> None:
     assert q["spliced_error"]["kl"] < 1e-6 and q["spliced_error"]["d_acc"] == 0.0
     assert q["spliced"]["kl"] > 1e-6
     assert set(q["spliced"]) >= {"acc", "margin", "kl", "d_acc", "d_acc_se", "d_margin"}
+
+
+def test_spliced_quality_without_the_error_check_reports_the_same_splice(setup: tuple) -> None:
+    """error_check=False (choosing k reads the splice alone): the same "spliced" numbers, no
+    "spliced_error" pass."""
+    model, sae, imgs = setup
+    labels = model(imgs).argmax(-1)
+    full = spliced_quality(model, sae, imgs, labels, batch=4)
+    lean = spliced_quality(model, sae, imgs, labels, batch=4, error_check=False)
+    assert "spliced_error" not in lean and lean["spliced"] == full["spliced"]

@@ -117,21 +117,30 @@ def splice(
 
 @torch.no_grad()
 def spliced_quality(
-    model: ViT, sae: TopKSAE, images: torch.Tensor, labels: torch.Tensor, batch: int = 256
+    model: ViT,
+    sae: TopKSAE,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    batch: int = 256,
+    error_check: bool = True,
 ) -> dict[str, dict[str, float]]:
     """Accuracy, correct-class margin and KL(clean || spliced) with the reconstruction spliced in,
-    without ("spliced") and with ("spliced_error", a sanity check: KL ~ 0) the error term;
-    differences to clean are paired over images, with their standard errors."""
+    without ("spliced") and with ("spliced_error", a sanity check: KL ~ 0; not run without
+    `error_check`) the error term; differences to clean are paired over images, with their
+    standard errors."""
     model.eval()
     device, labels = model.head.weight.device, labels.cpu()
-    out: dict[str, list[torch.Tensor]] = {"clean": [], "spliced": [], "spliced_error": []}
+    out: dict[str, list[torch.Tensor]] = {"clean": [], "spliced": []}
+    if error_check:
+        out["spliced_error"] = []
     for i in range(0, images.shape[0], batch):
         x = images[i : i + batch].to(device)
         out["clean"].append(model(x))
         with splice(model, sae, with_error=False):
             out["spliced"].append(model(x))
-        with splice(model, sae, with_error=True):
-            out["spliced_error"].append(model(x))
+        if error_check:
+            with splice(model, sae, with_error=True):
+                out["spliced_error"].append(model(x))
     logits = {k: torch.cat(v).float().cpu() for k, v in out.items()}
     clean_logp = logits["clean"].log_softmax(-1)
     correct = {k: (v.argmax(-1) == labels).double().numpy() for k, v in logits.items()}
@@ -139,7 +148,7 @@ def spliced_quality(
     result = {
         "clean": {"acc": float(correct["clean"].mean()), "margin": float(margin["clean"].mean())}
     }
-    for k in ("spliced", "spliced_error"):
+    for k in (k for k in ("spliced", "spliced_error") if k in logits):
         kl = (clean_logp.exp() * (clean_logp - logits[k].log_softmax(-1))).sum(-1).mean()
         d_acc = paired_diff(correct[k], correct["clean"])
         d_margin = paired_diff(margin[k], margin["clean"])

@@ -46,9 +46,7 @@ def patch_codes(model: ViT, sae: TopKSAE, images: torch.Tensor, batch: int = 256
     p = model.cfg.num_prefix
     out = []
     for i in range(0, len(images), batch):
-        _, cache = model.run_with_cache(
-            images[i : i + batch].to(model.head.weight.device), sae.site
-        )
+        cache = model.cache_until(images[i : i + batch].to(model.head.weight.device), [sae.site])
         out.append(sae.encode(cache[sae.site][:, p:].float()).cpu().numpy())
     return np.concatenate(out)
 

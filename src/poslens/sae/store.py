@@ -80,7 +80,8 @@ class ActivationStore:
             mine = starts[r + rank] if r + rank < len(starts) else None
             tok = None
             if mine is not None:
-                _, cache = model.run_with_cache(images[mine : mine + batch_images].to(device), site)
+                # the pass stops at the site: the blocks after it do not change what is read
+                cache = model.cache_until(images[mine : mine + batch_images].to(device), [site])
                 tok = cache[site][:, first:].float().reshape(-1, d).cpu()
             pieces = [(mine, tok)] if world == 1 else distributed.gather_objects((mine, tok))
             for start, part in pieces:
