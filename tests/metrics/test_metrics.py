@@ -65,6 +65,25 @@ def test_float32_streaming_matches_float64_reference() -> None:
         SSDC(4, 4, dtype=torch.float16)
 
 
+def test_float32_streaming_keeps_the_ranks_of_nearly_parallel_tokens() -> None:
+    """Tokens that differ by 1e-3 around one direction (a random-init ViT's): their cosines
+    differ by ~1e-6, below a float32 product's rounding, yet the float32 path's similarities
+    match float64 to 1e-12 and its SSDC is float64's; a plain float32 product misses both."""
+    g = torch.Generator().manual_seed(2)
+    base, where = torch.randn(64, generator=g), torch.randn(16, 64, generator=g)
+    tokens = base + 1e-3 * (where[None] + 0.3 * torch.randn(20, 16, 64, generator=g))
+    exact, fast = SSDC(4, 4), SSDC(4, 4, dtype=torch.float32)
+    for chunk in tokens.split(7):
+        exact.update(chunk)
+        fast.update(chunk)
+    np.testing.assert_allclose(fast.similarity, exact.similarity, rtol=0, atol=1e-12)
+    assert fast.value() == pytest.approx(exact.value(), abs=1e-12)
+    unit = torch.nn.functional.normalize(tokens, dim=-1)
+    plain = (unit @ unit.mT).double().mean(0).numpy()
+    assert np.abs(plain - exact.similarity).max() > 1e-8
+    assert ssdc_from_similarity(plain, 4, 4) != pytest.approx(exact.value(), abs=1e-3)
+
+
 def test_tokens_that_encode_position_give_high_ssdc() -> None:
     row, col = np.divmod(np.arange(36), 6)
     # Gaussian bumps centred on each token's own cell: nearby tokens overlap more

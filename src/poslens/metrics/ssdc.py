@@ -31,14 +31,34 @@ def ssdc_from_similarity(sim: np.ndarray, gh: int, gw: int) -> float:
     return float((a * b).sum() / denom) if denom > 0 else 0.0
 
 
+def _offset_products(tokens: torch.Tensor) -> torch.Tensor:
+    """sum over images of u_i . u_j [T, T] (float64) for the unit tokens u of `tokens` [B, T, D],
+    as m.m + d_i.m + m.d_j + d_i.d_j with m the image's mean unit vector and d = u - m: only
+    d_i.d_j, of the size of the tokens' spread, is multiplied in float32."""
+    unit = tokens.to(torch.float64, copy=True)
+    unit /= unit.norm(dim=-1, keepdim=True).clamp_min_(1e-12)  # as F.normalize
+    mean = unit.mean(dim=1, keepdim=True)  # [B, 1, D]
+    unit -= mean  # the offsets d, in place
+    md = torch.bmm(unit, mean.mT)[..., 0].sum(0)  # [T]: sum over images of d_i . m
+    mm = (mean * mean).sum()  # sum over images of m . m
+    offsets = unit.float()
+    del unit
+    dd = torch.bmm(offsets, offsets.mT).double().sum(0)  # [T, T]
+    return dd + md[:, None] + md[None, :] + mm
+
+
 class SSDC:
     """Streaming SSDC: feed patch tokens [B, T, D] batch by batch, read `value()` at the end.
 
     Keeps only the running sum of per-image cosine-similarity matrices (float64, [T, T]); memory
-    does not grow with the number of images. `dtype` is the precision of each batch's cosine
-    matrices: float64 (default) matches an all-float64 computation to ~1e-15; float32 is 2-4x
-    faster on CPU and agrees to ~1e-7 (the sum over batches stays float64 either way).
-    benchmarks/ssdc.py compares time and memory with the keep-everything implementation.
+    does not grow with the number of images. `dtype` is the precision of each batch's [T, T]
+    product: float64 (default) matches an all-float64 computation to ~1e-15; float32 is 2-4x
+    faster on CPU. SSDC ranks the similarities, so where tokens are nearly parallel (a random-init
+    ViT's, whose cosines differ by 1e-4) a float32 product's rounding (~1e-6) would reorder them:
+    the float32 path multiplies each token's offset from its image's mean unit vector and adds the
+    mean's terms in float64, so its error scales with the spread of the tokens, not with 1. The
+    sum over batches stays float64 either way. benchmarks/ssdc.py compares time and memory with
+    the keep-everything implementation.
     """
 
     def __init__(self, gh: int, gw: int, dtype: torch.dtype = torch.float64) -> None:
@@ -53,11 +73,14 @@ class SSDC:
         """Add a batch of patch tokens [B, T, D] (prefix tokens already removed)."""
         if tokens.shape[1] != self.gh * self.gw:
             raise ValueError(f"got {tokens.shape[1]} tokens for a {self.gh}x{self.gw} grid")
-        unit = tokens.to(self.dtype, copy=True)  # normalised in place: one batch-sized copy
-        unit /= unit.norm(dim=-1, keepdim=True).clamp_min_(1e-12)  # as F.normalize
-        # One batched matmul and a sum over images: on CPU this beats the einsum (which permutes
-        # to one [T, B*D] GEMM) by ~1.5x, and its [B, T, T] temporary is freed after each batch.
-        self.sum += torch.bmm(unit, unit.mT).sum(0).to("cpu", torch.float64)
+        if self.dtype == torch.float64:
+            unit = tokens.to(torch.float64, copy=True)  # normalised in place: one batch's copy
+            unit /= unit.norm(dim=-1, keepdim=True).clamp_min_(1e-12)  # as F.normalize
+            # One batched matmul and a sum over images: on CPU this beats the einsum (which
+            # permutes to one [T, B*D] GEMM) by ~1.5x; its [B, T, T] temporary is freed per batch.
+            self.sum += torch.bmm(unit, unit.mT).sum(0).to("cpu", torch.float64)
+        else:
+            self.sum += _offset_products(tokens).to("cpu")
         self.count += tokens.shape[0]
 
     def all_reduce(self) -> None:
