@@ -14,6 +14,7 @@ import pytest
 from poslens.data import DataConfig, build_task
 from poslens.experiments import registry
 from poslens.experiments.analyze import analyze
+from poslens.interventions import in_situ
 from poslens.models.vit import ViT
 from poslens.study.aggregate import aggregate
 from poslens.study.rules import RULES, View
@@ -40,11 +41,16 @@ def models() -> dict[str, ViT]:
 
 
 def measured_views(
-    folder: Path, kinds: tuple[str, ...] | None = None, rpi: bool = True
+    folder: Path,
+    kinds: tuple[str, ...] | None = None,
+    rpi: bool = True,
+    probes: bool = True,
+    rpi_probes: bool = True,
 ) -> dict[str, View]:
     """Each test model's rules' experiments run and aggregated as the study does; `kinds`:
     position_removal narrowed to those condition kinds, its conditions' RPI pass only with
-    `rpi` (as for an in-situ control)."""
+    `rpi`, probed only with `probes`, and every experiment probed under RPI only with
+    `rpi_probes` (as for an in-situ control)."""
     task = build_task(DATA)
     out = {}
     for key, model in models().items():
@@ -52,7 +58,9 @@ def measured_views(
         names = list(dict.fromkeys(e for rule in rules for e in rule.reads))
         settings = {n: dict(SETTINGS.get(n, {})) for n in names}
         if kinds is not None and "position_removal" in settings:
-            settings["position_removal"] |= {"kinds": kinds, "rpi": rpi}
+            settings["position_removal"] |= {"kinds": kinds, "rpi": rpi, "probes": probes}
+        for n in names:
+            settings[n]["rpi_probes"] = rpi_probes
         cfgs = {n: registry.get(n).Config(**SIZES, **settings[n]) for n in names}
         records = analyze(model, task, names, list(cfgs.values()), folder / key, formats=())
         runs = [{"experiments": {n: r for n, r in records.items() if "skipped" not in r}}]
@@ -110,18 +118,24 @@ def test_precision_names_are_the_schemas() -> None:
 
 
 @pytest.mark.parametrize(
-    "rule", [r for r in RULES if "position_removal" in r.reads and r.edits], ids=lambda r: r.id
+    "rule",
+    [r for r in RULES if any(not in_situ.get(e).finetune for e in r.edits)],
+    ids=lambda r: r.id,
 )
-def test_an_in_situ_controls_narrowed_position_removal_has_every_key_its_rules_read(
+def test_an_in_situ_controls_narrowed_experiments_have_every_key_its_rules_read(
     rule, tmp_path: Path, views: dict[str, View]
 ) -> None:
     """An in-situ control runs only the position_removal kinds of the rules judging it
-    (Rule.removal), their RPI pass only where the rule reads it (Rule.removal_rpi): with exactly
-    this rule's narrowing, its effect and notes find every key, with the full run's values."""
+    (Rule.removal), their RPI pass only where the rule reads it (Rule.removal_rpi), probed only
+    where it reads a probe (Rule.removal_probes), and nothing probed under RPI where it reads no
+    RPI number (Rule.rpi): with exactly this rule's narrowing, its effect and notes find every
+    key, with the full run's values."""
     from poslens.experiments.position_removal import KINDS
 
     assert set(rule.removal) <= set(KINDS)
-    narrowed = measured_views(tmp_path, rule.removal, rule.removal_rpi)
+    kinds = rule.removal if "position_removal" in rule.reads else None
+    narrowed = measured_views(tmp_path, kinds, rule.removal_rpi, rule.removal_probes,
+                              rpi_probes=rule.rpi or rule.removal_rpi)  # fmt: skip
     for key, v in narrowed.items():
         if not rule.applies_to(v.family):
             continue

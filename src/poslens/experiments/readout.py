@@ -77,9 +77,9 @@ def eval_images(data: Task, cfg: ExperimentConfig) -> tuple[torch.Tensor, torch.
     return x[: cfg.n_images], y[: cfg.n_images]
 
 
-# The precision of each batch's cosine matrices in SSDC (the running sum is float64 either way):
-# float32 agrees with float64 to ~1e-7 (metrics.ssdc) and is about 4x faster on a CPU, where the
-# float64 matrices of a ViT-S's 26 sites cost about as much as the forward pass they read.
+# The precision of each batch's [T, T] products in SSDC (offsets from the mean direction in
+# float32, the rest and the running sum in float64: metrics.ssdc): about 2.7x faster than float64
+# on a CPU, where the float64 products of a ViT-S's 26 sites cost half the forward pass they read.
 SSDC_DTYPE = torch.float32
 
 PROBE_KINDS = ("refit", "fixed", "refit_rpi", "fixed_rpi")

@@ -408,7 +408,8 @@ def headline(d: dict[str, Any]) -> Headline:
                 d["baseline"]["ssdc_rpi"][last + 1],
                 d["floor"]["ssdc_rpi"][last + 1],
             )
-            span = base - floor
+            measured = None not in (ssdc, base, floor)  # the floor's RPI-SSDC: rpi_probes
+            span = base - floor if measured else 0.0
             out[f"{name}.retention_ssdc_after_window"] = (
                 (ssdc - floor) / span if abs(span) > 1e-12 else None
             )

@@ -54,9 +54,10 @@ class SSDC:
     does not grow with the number of images. `dtype` is the precision of each batch's [T, T]
     product: float64 (default) matches an all-float64 computation to ~1e-15; float32 is 2-4x
     faster on CPU. SSDC ranks the similarities, so where tokens are nearly parallel (a random-init
-    ViT's, whose cosines differ by 1e-4) a float32 product's rounding (~1e-6) would reorder them:
-    the float32 path multiplies each token's offset from its image's mean unit vector and adds the
-    mean's terms in float64, so its error scales with the spread of the tokens, not with 1. The
+    ViT's) a float32 product's rounding (~1e-6) reorders them: the float32 path multiplies each
+    token's offset from its image's mean unit vector and adds the mean's terms in float64, so its
+    error scales with the spread of the tokens, not with 1 (on random-init ViT-Ti and ViT-S
+    features SSDC moved by at most 5e-5 from float64's; a plain float32 product's by 4e-4). The
     sum over batches stays float64 either way. benchmarks/ssdc.py compares time and memory with
     the keep-everything implementation.
     """
