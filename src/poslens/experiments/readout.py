@@ -682,8 +682,7 @@ def reference(
     key = () if cache is None else reference_key(model, images, labels, cfg, sites)
 
     def measured() -> Reference:
-        base = _cached(cache, ("baseline", key), lambda: measure(
-            model, images, labels, cfg, probe_sites=sites, rpi_probes=cfg.rpi_probes))  # fmt: skip
+        base = baseline(model, images, labels, cfg, sites, cache=cache)  # its ("baseline", key)
         site = cfg.probe_block if fixed else choose_probe_site(base)
         floor = measure(model, images, labels, cfg, floor_condition(model), [site],
                         fixed=base.fixed_probes(), rpi_pass=cfg.rpi_probes)  # fmt: skip

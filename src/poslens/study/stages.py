@@ -299,10 +299,10 @@ def load_stage(
 
         assert first.config is not None
         cfg = resolved(first.config, model)
-        xb, yb = eval_images(data, cfg)
+        x, y = eval_images(data, cfg)  # the experiment's images: the accuracy is over these
         sites = range(model.cfg.depth + 1)
         clean = get(first.kind).baseline_clean_ssdc
-        base = baseline(model, xb, yb, cfg, sites, cache=references, clean_ssdc=clean)
+        base = baseline(model, x, y, cfg, sites, cache=references, clean_ssdc=clean)
         correct = int(base.correct.sum())
     elif n_classes and source.not_applied is None:
         with autocast(dev, ecfg.precision):  # the precision of the study's forward passes
