@@ -149,15 +149,19 @@ def test_cls_exit_only_where_nothing_sees_the_last_blocks_tokens() -> None:
     assert not model.cls_exit()  # off when asked
     model.train_cls_exit = True
     assert not tiny("rope_axial", pool="mean").train().cls_exit()
-    assert not model.eval().cls_exit()  # analysis passes keep every token
+    assert model.eval().cls_exit()  # analysis passes too
     model.train()
     with torch.no_grad():
-        assert not model.cls_exit()
+        assert model.cls_exit()
     noop = lambda t, _n: None  # noqa: E731
-    for name in ("blocks.1.hook_resid_pre", "blocks.1.ln1.hook_normalized", "blocks.0.attn.hook_z"):
+    qkv = ("hook_q", "hook_k", "hook_v", "hook_rotary", "hook_rot_q", "hook_rot_k")
+    every_token = ("blocks.1.hook_resid_pre", "blocks.1.ln1.hook_normalized",
+                   "blocks.0.attn.hook_z", *(f"blocks.1.attn.{h}" for h in qkv))  # fmt: skip
+    for name in every_token:
         with model.hooks([(name, noop)]):  # all tokens' values, as ever
             assert model.cls_exit(), name
-    last = [n for n in model.hook_names() if n.startswith("blocks.1.")][2:]
+    last = [n for n in model.hook_names() if n.startswith("blocks.1.") and n not in every_token]
+    assert "blocks.1.attn.hook_z" in last and "blocks.1.hook_resid_mid" in last
     for name in [*last, "ln_final.hook_normalized"]:
         with model.hooks([(name, noop)]):
             assert not model.cls_exit(), name
@@ -169,6 +173,43 @@ def test_cls_exit_only_where_nothing_sees_the_last_blocks_tokens() -> None:
     assert not model.cls_exit()
     handle.remove()
     assert model.cls_exit()
+
+
+@pytest.mark.parametrize("posenc", ["ape", "rope_axial"])
+def test_an_analysis_pass_takes_the_exit_with_the_same_logits(
+    monkeypatch: pytest.MonkeyPatch, posenc: str
+) -> None:
+    """Eval mode, no_grad: the last block attends from the CLS query alone, also under a rotary
+    mask and while the last block's input is cached; a cached output forces every token."""
+    import poslens.models.vit as vit
+    from poslens.interventions import rotary_mask
+
+    model, x = tiny(posenc).eval(), torch.randn(4, 1, 16, 16)
+    T = model.cfg.num_prefix + 16
+    calls: list[int] = []
+    fused = vit.F.scaled_dot_product_attention
+    monkeypatch.setattr(
+        vit.F,
+        "scaled_dot_product_attention",
+        lambda q, *a, **k: calls.append(q.shape[2]) or fused(q, *a, **k),
+    )
+    with torch.no_grad():
+        fast, cache = model.run_with_cache(x, ["blocks.1.ln1.hook_normalized"])
+        assert calls == [T, 1] and cache["blocks.1.ln1.hook_normalized"].shape[1] == T
+        full, _ = model.run_with_cache(x, ["ln_final.hook_normalized"])
+        assert calls == [T, 1, T, T]
+        model.train_cls_exit = False
+        torch.testing.assert_close(fast, model(x), atol=1e-6, rtol=0)
+        torch.testing.assert_close(full, model(x), atol=0, rtol=0)
+        if posenc == "rope_axial":
+            with rotary_mask(model, planes=[0, 1]):
+                masked_full = model(x)
+            model.train_cls_exit = True
+            with rotary_mask(model, planes=[0, 1]):
+                del calls[:]
+                masked_fast = model(x)
+                assert calls == [T, 1]
+            torch.testing.assert_close(masked_fast, masked_full, atol=1e-6, rtol=0)
 
 
 def test_hooks_on_the_last_block_see_every_token_while_training() -> None:

@@ -167,8 +167,8 @@ class ViT(HookedModule):
         # the torch seed the weights were initialised from, where known (build_model; poslens.load
         # from the checkpoint's train.seed): what rebuilds the initialisation (axis_map's init)
         self.init_seed: int | None = None
-        # cls_exit: a training pass computes only the CLS token's output in the last block, as
-        # StackedViT always does (1.2-1.5x faster at 14 x 14; docs/benchmarks.md); False keeps
+        # cls_exit: a pass computes only the CLS token's output in the last block, as StackedViT
+        # always does (training 1.2-1.5x faster at 14 x 14; docs/benchmarks.md); False keeps
         # every token (the float rounding of trajectories trained before the exit existed)
         self.train_cls_exit = True
         D, g = cfg.dim, cfg.grid
@@ -307,19 +307,23 @@ class ViT(HookedModule):
         return x
 
     def cls_exit(self) -> bool:
-        """Whether a training pass computes only the first token's output in the last block (as
+        """Whether a pass computes only the first token's output in the last block (as
         StackedViT does; `train_cls_exit`, on by default): with CLS pooling nothing else of that
-        block reaches the logits, and its attention from one query instead of T (a quarter of a
-        depth-4 model's attention) is exact. Only while training with autograd on (analysis
-        passes keep every token), and only when no hook reads or rewrites anything of the last
-        block after its ln1, nor ln_final (hook points or plain module hooks), which would see
-        [B, 1, D] instead of [B, T, D]."""
+        block reaches the logits, and its attention from one query instead of T (a twelfth of a
+        ViT-S's forward, a quarter of a depth-4 model's attention) is exact up to float
+        rounding. Training and analysis passes alike, but only when no hook reads or rewrites
+        anything of the last block that would see [B, 1, D] instead of [B, T, D]: its
+        attention's z, output and MLP, its residual after attention, and ln_final (hook points
+        or plain module hooks). Its input, ln1, q, k, v and rotations see every token as ever,
+        so a rotary mask or a probe of the last block's input leaves the exit on."""
         if not self.train_cls_exit or self.cfg.pool != "cls":
             return False
-        if not (self.training and torch.is_grad_enabled()):
-            return False
         last = self.blocks[-1]
+        attn = last.attn
         seen = {last.hook_resid_pre, last.ln1, last.ln1.hook_normalized}  # [B, T, D] as ever
+        seen |= {attn.hook_q, attn.hook_k, attn.hook_v}  # [B, H, T, dh]
+        if attn.rope_layout is not None:  # the table [2, H, T, P], rotated q and k [B, H, T, dh]
+            seen |= {attn.hook_rotary, attn.hook_rot_q, attn.hook_rot_k}
         modules = [m for m in last.modules() if m not in seen] + [*self.ln_final.modules()]
         return not any(m._forward_hooks or m._forward_pre_hooks for m in modules)
 
