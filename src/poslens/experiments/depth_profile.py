@@ -2,12 +2,13 @@
 
 Per residual site: SSDC clean and under RPI (raw and normalised residual), exact/row/column probe
 accuracy with chance, the same probes on a randomly initialised model of the same shape (the
-control: what the architecture alone makes decodable), and the effective rank of the tokens.
+control: what the architecture alone makes decodable; `control=false` leaves it out, its numbers
+NaN), and the effective rank of the tokens.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -16,6 +17,7 @@ from matplotlib.figure import Figure
 
 from poslens.data import Task
 from poslens.distributed import in_order, shard
+from poslens.errors import ConfigError
 from poslens.experiments.config import ExperimentConfig, resolved
 from poslens.experiments.output import Experiment, Header, Headline, probe_numbers, probe_rows
 from poslens.experiments.readout import (
@@ -33,7 +35,17 @@ from poslens.models.vit import ViT, build_model
 from poslens.precision import autocast
 from poslens.progress import track
 
-Config = ExperimentConfig
+
+@dataclass(frozen=True)
+class Config(ExperimentConfig):
+    # the random-init control: a second model of the same shape, probed at every site with an
+    # RPI pass (about a third of the experiment on a ViT-S); no rule reads it
+    control: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not isinstance(self.control, bool):
+            raise ConfigError(f"analysis.control must be true or false, got {self.control!r}")
 
 
 def applies(model: ViT) -> str | None:
@@ -55,9 +67,10 @@ class DepthProfile(Header):
     ssdc_rpi: np.ndarray
     ssdc_rpi_norm: np.ndarray
     probes: ProbeResult
-    control: ProbeResult  # same probes, randomly initialised model of the same shape
+    control: ProbeResult  # same probes, randomly initialised model of the same shape (NaN: off)
     control_ssdc_rpi: np.ndarray
     effective_rank: np.ndarray  # normalised residual, patch tokens of the probe images
+    control_measured: bool = True  # False: the config left the control out (its numbers NaN)
 
     def to_dict(self) -> dict[str, Any]:
         """The header, then the SSDC curves grouped under "ssdc" and the control's probes."""
@@ -118,26 +131,35 @@ def run(
     progress: bool = False,
     references: ReferenceCache | None = None,
 ) -> DepthProfile:
-    """SSDC, probes and effective rank at every site of `model`, with a random-init control. The
+    """SSDC, probes and effective rank at every site of `model`, with a random-init control
+    (unless cfg.control is false). The
     probed readout is the reference's baseline (shared through `references`), with clean SSDC
     read in its clean pass (or, where the baseline was measured before, in one clean pass of its
     own: the same batches, so the same numbers)."""
     cfg = resolved(cfg or Config(), model)
     x, y = eval_images(data, cfg)
     sites = list(range(model.cfg.depth + 1))
-    control_model = build_model(model.cfg, seed=cfg.seed + 1).to(model.head.weight.device).eval()
+    control = cfg.control if isinstance(cfg, Config) else True
     readouts = {}
-    for which in track(["trained", "random init"], "depth_profile", progress):
+    for which in track(["trained", "random init"][: 1 + control], "depth_profile", progress):
         if which == "trained":
-            readouts[which] = clean = baseline(
-                model, x, y, cfg, sites, cache=references, clean_ssdc=True
-            )
+            readouts[which] = baseline(model, x, y, cfg, sites, cache=references, clean_ssdc=True)
         else:
+            control_model = build_model(model.cfg, seed=cfg.seed + 1)
+            control_model = control_model.to(model.head.weight.device).eval()
             # its probes are reported clean only: none fitted under RPI
             readouts[which] = measure(control_model, x, y, cfg, probe_sites=sites, rpi_probes=False)
-    base, ctrl = readouts["trained"], readouts["random init"]
-    assert base.probes is not None and ctrl.probes is not None
+    base = clean = readouts["trained"]
+    assert base.probes is not None
     assert clean.ssdc_clean is not None and clean.ssdc_clean_norm is not None
+    if control:
+        ctrl = readouts["random init"]
+        assert ctrl.probes is not None
+        ctrl_probes, ctrl_ssdc = ctrl.probes, ctrl.ssdc_rpi
+    else:  # left out: NaN (null in JSON), never 0
+        nan = np.full_like(base.probes.test_acc, np.nan)
+        ctrl_probes = replace(base.probes, test_acc=nan, val_acc=nan, l2=nan)
+        ctrl_ssdc = np.full_like(base.ssdc_rpi, np.nan)
     return DepthProfile(
         posenc=model.cfg.posenc,
         sites=site_labels(model),
@@ -148,9 +170,10 @@ def run(
         ssdc_rpi=base.ssdc_rpi,
         ssdc_rpi_norm=base.ssdc_rpi_norm,
         probes=base.probes,
-        control=ctrl.probes,
-        control_ssdc_rpi=ctrl.ssdc_rpi,
+        control=ctrl_probes,
+        control_ssdc_rpi=ctrl_ssdc,
         effective_rank=_effective_ranks(model, x[: cfg.probe_images], cfg),
+        control_measured=control,
         probe_site=cfg.probe_block if cfg.probe_block >= 0 else choose_probe_site(base),
         n_images=len(x),
         probe_images=cfg.probe_images,
@@ -175,7 +198,8 @@ def plot(res: DepthProfile) -> Figure:
         ax2.plot(x, 100 * res.control.test_acc[:, j], ":", color=line.get_color())
         ax2.axhline(100 * res.probes.chance[j], color=line.get_color(), lw=0.8, ls="--")
     ax2.axvline(res.probe_site, color="grey", lw=4, alpha=0.2)
-    ax2.set(title="probes (dotted: random init; dashed: chance)", ylim=(0, 101))
+    dotted = "dotted: random init" if res.control_measured else "no random-init control"
+    ax2.set(title=f"probes ({dotted}; dashed: chance)", ylim=(0, 101))
     ax2.set(xlabel="site", ylabel="test accuracy (%)")
     ax1.legend(fontsize=7)
     ax2.legend(fontsize=7)

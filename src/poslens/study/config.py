@@ -243,6 +243,17 @@ DEFAULT_TRAIN = (
 )  # fmt: skip
 
 
+# On pretrained models `quick` is the fast route to the verdicts (docs/pretrained.md): it leaves
+# out what no rule reads and a pretrained forward pass makes costly, a third of a five-seed CPU
+# study of a ViT-S: heads' carrying and top-k, the depth profile's random-init control, and the
+# top-frequency and extra random-plane removals (the split rule's random planes stay). The
+# default preset, and `quick` on trained models (every figure's smoke test), measure them.
+PRETRAINED_QUICK = (
+    "heads.carrying=false", "depth_profile.control=false",
+    "position_removal.kinds=ape,table,axis,random_axis",
+)  # fmt: skip
+
+
 def preset(name: str, **changes: Any) -> StudyConfig:
     """A named preset with optional field changes (e.g. models=..., seeds=...). A pretrained
     study's forward passes are its cost: unless `precision` is given they run under "auto" (bf16
@@ -275,6 +286,8 @@ def preset(name: str, **changes: Any) -> StudyConfig:
             probe_images=80,
             only=("sae_causal=ape,sincos",),
         )  # fmt: skip
+        if changes.get("pretrained"):
+            cfg = replace(cfg, analysis_set=cfg.analysis_set + PRETRAINED_QUICK)
     elif name == "default":
         cfg = StudyConfig(
             preset="default",

@@ -36,7 +36,8 @@ def depth_profile(models: dict[str, Agg]) -> Figure | None:
         line = ax.plot(sites, mean, "o-", label=m)[0]
         ax.fill_between(sites, mean - se, mean + se, color=line.get_color(), alpha=0.2)
         ctrl = _get(agg, "control_ssdc_rpi_out")[0]
-        ax.axhline(ctrl, color=line.get_color(), ls=":", lw=1)
+        if np.isfinite(ctrl):  # NaN where depth_profile.control was off
+            ax.axhline(ctrl, color=line.get_color(), ls=":", lw=1)
     ax.set(xlabel="residual site (input of block; out = final norm)", ylabel="RPI-SSDC",
            title="Positional structure by depth (dotted: random-init control at out)")  # fmt: skip
     ax.grid(alpha=0.3)

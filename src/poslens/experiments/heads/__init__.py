@@ -12,7 +12,8 @@ block_head units at or after the probe site cannot reach it and are skipped). Re
 RPI-SSDC and of the row and column probes at the probe site (between intact and floor; the RPI
 pass stops at the probe site, so carrying reports no RPI-SSDC after it);
 carrying damage = 1 - the mean of those three retentions; units ranked by it; the top-k units
-masked together against k random units (`draws` seeded draws per k).
+masked together against k random units (`draws` seeded draws per k). carrying=false leaves
+carrying and the top-k out (no rule reads them; a note says so).
 
 Rebuilding (rotary models with at least two blocks): window = rotations withheld in blocks 0..k
 (k = window_k, default depth // 2 - 1); "later" = blocks k+1..end. Each unit is masked in the

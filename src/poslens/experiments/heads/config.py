@@ -30,6 +30,10 @@ class Config(ExperimentConfig):
     # RPI-SSDC at the output for every rebuilding readout (a second forward pass each); False:
     # margins and accuracy only, all the rules read (ssdc_out is then NaN; the quick preset)
     rebuild_ssdc: bool = True
+    # carrying: each unit masked alone in every block, read at the probe site (a clean and a
+    # partial RPI pass per unit), then the cumulative top-k; False leaves both out (no rule
+    # reads them)
+    carrying: bool = True
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -50,7 +54,7 @@ class Config(ExperimentConfig):
             raise ConfigError(
                 f"analysis.cumulative must be positive integers, got {self.cumulative!r}"
             )
-        for name in ("axis_windows", "rebuild_probes", "rebuild_ssdc"):
+        for name in ("axis_windows", "rebuild_probes", "rebuild_ssdc", "carrying"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(
                     f"analysis.{name} must be true or false, got {getattr(self, name)!r}"

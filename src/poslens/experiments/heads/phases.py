@@ -125,7 +125,7 @@ def score_carrying(
     y: torch.Tensor,
     cfg: Config,
     ref: Reference,
-    at_site: Readout,
+    at_site: Readout | None,
     units: list[Unit],
     advance: Advance,
 ) -> tuple[list[ConditionResult], dict[Unit, Readout]]:
@@ -136,6 +136,7 @@ def score_carrying(
     except for a block_head unit that rebuilding reads again with its SSDC (carried_readouts)."""
     carrying, readouts = [], {}
     for unit in units:
+        assert at_site is not None, "carrying reads the baseline at the probe site"
         if unit.block is None or unit.block < ref.probe_site:
             cond = heads_off(model, unit.pairs(range(model.cfg.depth)))
             through = None if unit.block is not None and cfg.rebuild_ssdc else ref.probe_site
@@ -172,7 +173,7 @@ def score_cumulative(
     y: torch.Tensor,
     cfg: Config,
     ref: Reference,
-    at_site: Readout,
+    at_site: Readout | None,
     carrying: list[ConditionResult],
     draws: list[Draw],
     advance: Advance,
@@ -182,6 +183,7 @@ def score_cumulative(
     measured the same way: that result is reused, not measured again."""
     out = []
     for d in draws:
+        assert at_site is not None, "the top-k read the baseline at the probe site"
         ranked_units = sorted(
             (c for c in carrying if c.meta["kind"] == d.kind), key=lambda c: c.meta["rank"]
         )
@@ -383,17 +385,23 @@ def run(
     depth = model.cfg.depth
     plan = plan_rebuilding(model, cfg)
     carry_units = [u for kind in cfg.units for u in units_of(model, kind, range(depth))]
+    notes = list(plan.notes)
+    if not cfg.carrying:
+        carry_units = []
+        notes.append("carrying not measured (heads.carrying=false)")
     draws = top_k_draws(cfg, carry_units)
     rebuild_units = [u for kind in cfg.units for u in units_of(model, kind, plan.later)]
     masks = rebuilding_masks(model, plan, rebuild_units)
 
     with progress_steps(2 + len(carry_units) + len(draws) + len(masks), progress) as advance:
         ref = reference(model, x, y, cfg, extra_sites=[depth], cache=references)
-        # Probes are fitted jointly over the sites of one readout, so accuracy at a site moves
-        # slightly with the other sites fitted beside it: carrying compares like with like (its
-        # RPI pass, as theirs, stops at the probe site).
-        at_site = measure(model, x, y, cfg, probe_sites=[ref.probe_site], fixed=ref.fixed,
-                          rpi_through=ref.probe_site)  # fmt: skip
+        at_site = None
+        if carry_units:
+            # Probes are fitted jointly over the sites of one readout, so accuracy at a site
+            # moves slightly with the other sites fitted beside it: carrying compares like with
+            # like (its RPI pass, as theirs, stops at the probe site).
+            at_site = measure(model, x, y, cfg, probe_sites=[ref.probe_site], fixed=ref.fixed,
+                              rpi_through=ref.probe_site)  # fmt: skip
         advance()
         attention = attention_stats(
             model, x, cfg.batch_size, cfg.min_explained, precision=cfg.precision
@@ -423,7 +431,7 @@ def run(
         window_k=plan.last,
         windows=windows,
         rebuilding=rebuilding,
-        notes=plan.notes,
+        notes=notes,
         margins={k: r.margin for k, r in per_image.items()},
         correct={k: r.correct.astype(float) for k, r in per_image.items()},
         seed=cfg.seed,

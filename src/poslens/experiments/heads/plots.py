@@ -92,7 +92,8 @@ def plot_carrying(fig: Figure, ax: Any, res: Heads) -> None:
         return
     hs = [c for c in res.carrying if c.meta["kind"] == "head"]
     ax.bar([c.meta["unit"] for c in hs], [c.meta["damage"] for c in hs])
-    ax.set(ylabel="damage (1 - retention)", title=f"carrying at site {res.sites[res.probe_site]}")
+    title = f"carrying at site {res.sites[res.probe_site]}" if hs else "carrying not measured"
+    ax.set(ylabel="damage (1 - retention)", title=title)
     ax.grid(alpha=0.3)
 
 
@@ -120,10 +121,12 @@ def plot_cumulative(ax: Any, res: Heads) -> None:
             color=colour,
             label=f"random k {kind} (mean, sd)",
         )
-    ax.set(xlabel="k units masked", ylabel="carrying damage", title="cumulative top-k vs random k")
+    title = "cumulative top-k vs random k" if res.cumulative else "top-k not measured"
+    ax.set(xlabel="k units masked", ylabel="carrying damage", title=title)
     ax.set_xscale("log", base=2)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    if res.cumulative:
+        ax.legend(fontsize=7)
 
 
 def plot_rebuilding(ax: Any, res: Heads) -> None:
