@@ -164,8 +164,8 @@ def activation_bytes(
 AUTO_BATCH = 0
 MAX_AUTO_BATCH = 250  # the largest batch chosen (the experiments' former default)
 # What one analysis batch may hold on a CPU: a fixed budget, not the free memory, so that the
-# batch, and every number to the last bit, is the same on any CPU. A ViT-S at 224 px gets 36
-# images, a ViT-B 17, the study's small models MAX_AUTO_BATCH.
+# batch, and every number to the last bit, is the same on any CPU. A ViT-S at 224 px gets 38
+# images, a ViT-B 19, the study's small models MAX_AUTO_BATCH.
 CPU_BATCH_BYTES = 512 * 2**20
 GPU_FREE_SHARE = 0.5  # of a GPU's free memory, for one batch's activations and cached sites
 
