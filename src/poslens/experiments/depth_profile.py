@@ -132,10 +132,9 @@ def run(
     references: ReferenceCache | None = None,
 ) -> DepthProfile:
     """SSDC, probes and effective rank at every site of `model`, with a random-init control
-    (unless cfg.control is false). The
-    probed readout is the reference's baseline (shared through `references`), with clean SSDC
-    read in its clean pass (or, where the baseline was measured before, in one clean pass of its
-    own: the same batches, so the same numbers)."""
+    (unless cfg.control is false). The probed readout is the reference's baseline (shared
+    through `references`), with clean SSDC read in its clean pass (or, where the baseline was
+    measured before, in one clean pass of its own: the same batches, so the same numbers)."""
     cfg = resolved(cfg or Config(), model)
     x, y = eval_images(data, cfg)
     sites = list(range(model.cfg.depth + 1))
