@@ -77,6 +77,9 @@ def test_heads_without_carrying(task: Task, monkeypatch: pytest.MonkeyPatch) -> 
     for a, b in zip(res.rebuilding, full.rebuilding, strict=True):
         assert a.excess == b.excess
     np.testing.assert_array_equal(res.attention.specialization, full.attention.specialization)
+    ape = heads.run(tiny("ape", num_classes=16, depth=3), task, replace(cfg, carrying=False))
+    assert "carrying" not in ape.verdict()["rebuilding"]  # the rebuilding note is its own
+    assert "no rotations" in ape.verdict()["rebuilding"]
     with pytest.raises(ConfigError, match="analysis.carrying"):
         heads.Config(carrying=1)  # type: ignore[arg-type]
 

@@ -345,7 +345,7 @@ def _measure(
                 for acc, name in zip(clean, raw + norm, strict=True):
                     acc.update(cache[name][: n_ssdc - start, p:])
             # freed before the next batch's pass, not when it is replaced: two batches' cached
-            # sites never live at once (280 MB each for a ViT-S's 26 sites at batch 36)
+            # sites never live at once (290 MB each for a ViT-S's 26 sites at batch 38)
             logits = cache = None
         # The clean probes are fitted (and the fixed ones read) before the RPI pass, in float32
         # as after it: the clean features are freed before the RPI pass gathers its own, which

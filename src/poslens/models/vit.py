@@ -309,8 +309,8 @@ class ViT(HookedModule):
     def cls_exit(self) -> bool:
         """Whether a pass computes only the first token's output in the last block (as
         StackedViT does; `train_cls_exit`, on by default): with CLS pooling nothing else of that
-        block reaches the logits, and its attention from one query instead of T (a twelfth of a
-        ViT-S's forward, a quarter of a depth-4 model's attention) is exact up to float
+        block reaches the logits, and its attention from one query instead of T (most of one of a
+        ViT-S's 12 blocks, a quarter of a depth-4 model's attention) is exact up to float
         rounding. Training and analysis passes alike, but only when no hook reads or rewrites
         anything of the last block that would see [B, 1, D] instead of [B, T, D]: its
         attention's z, output and MLP, its residual after attention, and ln_final (hook points

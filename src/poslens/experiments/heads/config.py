@@ -17,6 +17,7 @@ SPECIALIZED = 0.5  # |spec| at or above this counts as axis-specialized in the v
 Z = 2.0  # standard errors a verdict effect must clear
 HELD_OUT_SEED = 12345  # the image split of the verdict's held-out check of the top rebuilder
 ONE_SIDED_2SE = 0.02275  # P(N(0,1) > 2): expected share of false "rebuilders" under no effect
+CARRYING_OFF = "carrying not measured (heads.carrying=false)"  # the result's note
 
 
 @dataclass(frozen=True)

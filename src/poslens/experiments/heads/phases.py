@@ -16,7 +16,7 @@ from poslens import distributed
 from poslens.data import Task
 from poslens.experiments.conditions import planes_off
 from poslens.experiments.config import resolved
-from poslens.experiments.heads.config import Config, window_last
+from poslens.experiments.heads.config import CARRYING_OFF, Config, window_last
 from poslens.experiments.heads.result import Heads, Rebuild, WindowControl
 from poslens.experiments.heads.units import Unit, head_mask, heads_off, units_of, window_mask
 from poslens.experiments.readout import (
@@ -388,7 +388,7 @@ def run(
     notes = list(plan.notes)
     if not cfg.carrying:
         carry_units = []
-        notes.append("carrying not measured (heads.carrying=false)")
+        notes.append(CARRYING_OFF)
     draws = top_k_draws(cfg, carry_units)
     rebuild_units = [u for kind in cfg.units for u in units_of(model, kind, plan.later)]
     masks = rebuilding_masks(model, plan, rebuild_units)

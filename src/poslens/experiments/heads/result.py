@@ -10,7 +10,14 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from poslens.experiments.heads.config import HELD_OUT_SEED, ONE_SIDED_2SE, SPECIALIZED, UNITS, Z
+from poslens.experiments.heads.config import (
+    CARRYING_OFF,
+    HELD_OUT_SEED,
+    ONE_SIDED_2SE,
+    SPECIALIZED,
+    UNITS,
+    Z,
+)
 from poslens.experiments.heads.units import Unit
 from poslens.experiments.output import Header, Headline
 from poslens.experiments.readout import ConditionResult
@@ -237,7 +244,8 @@ class Heads(Header):
             entry["top_k_vs_random"] = self.top_k_vs_random(kind)
             out[f"carrying/{kind}"] = entry
         if not self.rebuilding:
-            out["rebuilding"] = "not measured: " + "; ".join(self.notes)
+            why = [n for n in self.notes if n != CARRYING_OFF]  # carrying's note is its own
+            out["rebuilding"] = "not measured: " + "; ".join(why)
             return out
         ctrl = self.window("all")
         assert ctrl is not None
