@@ -101,6 +101,39 @@ def test_aggregate_matches_the_per_seed_headlines(study: tuple[Path, dict[str, A
     assert ssdc[0] != ssdc[1]
 
 
+def test_a_later_seed_set_runs_each_seed_as_the_full_study_does(
+    study: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    """seed_start picks the seeds: seed 1 alone (a replication's seed set) trains and analyses
+    exactly as seed 1 of the two-seed study, so disjoint seed sets are comparable runs."""
+    _, res = study
+    later = run_study(replace(TINY_STUDY, seeds=1, seed_start=1, experiments=("depth_profile",)),
+                      tmp_path, progress=False)  # fmt: skip
+    assert later["config"]["seed_start"] == 1 and later["config"]["seeds"] == 1
+    for model in ("ape", "rope_axial"):
+        (run,) = later["models"][model]["runs"]
+        full = res["models"][model]["runs"][1]
+        assert run["seed"] == full["seed"] == 1
+        assert run["experiments"]["depth_profile"]["headline"] == (
+            full["experiments"]["depth_profile"]["headline"]
+        )
+
+
+def test_seed_flags_name_a_count_or_a_range() -> None:
+    from poslens.cli.commands import study_seeds
+    from poslens.errors import UserError
+
+    assert study_seeds("5", None) == {"seeds": 5}
+    assert study_seeds("5-9", None) == {"seed_start": 5, "seeds": 5}
+    assert study_seeds("3", 5) == {"seed_start": 5, "seeds": 3}
+    assert study_seeds(None, 2) == {"seed_start": 2}
+    for bad, start in (("x", None), ("9-5", None), ("5-9", 3), ("1-2-3", None)):
+        with pytest.raises(UserError, match="--seeds"):
+            study_seeds(bad, start)
+    with pytest.raises(ConfigError, match="study.seed_start"):
+        replace(TINY_STUDY, seed_start=-1)
+
+
 def test_rerun_reuses_everything_and_is_identical(
     study: tuple[Path, dict[str, Any]], capfd: pytest.CaptureFixture[str]
 ) -> None:

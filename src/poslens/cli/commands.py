@@ -56,6 +56,27 @@ def _seeds(text: str) -> list[int]:
     return seeds
 
 
+def study_seeds(seeds: str | None, start: int | None) -> dict[str, int]:
+    """`--seeds N` / `--seeds A-B` and `--seed-start S` -> the StudyConfig fields they set."""
+    from poslens._config import short_repr
+
+    out: dict[str, int] = {} if start is None else {"seed_start": start}
+    if seeds is None:
+        return out
+    first, dash, last = seeds.strip().partition("-")
+    try:
+        a, b = int(first), int(last) if dash else None
+    except ValueError:
+        raise UserError(f"--seeds takes a count N or a range A-B, got {short_repr(seeds)}") from None
+    if b is None:
+        return {**out, "seeds": a}
+    if start is not None and start != a:
+        raise UserError(f"--seeds {seeds} starts at {a}, but --seed-start says {start}")
+    if b < a:
+        raise UserError(f"--seeds {seeds}: the range's end is below its start")
+    return {"seed_start": a, "seeds": b - a + 1}
+
+
 def _check_resume(target: Path, seeds: list[int] | None) -> None:
     """--resume needs a run to continue: refused when `target` (each seed folder, for an
     ensemble) holds no trace of training, which would silently train from scratch."""
@@ -382,8 +403,7 @@ def cmd_study(args: argparse.Namespace) -> int:
         changes["task"] = args.data
     if args.models is not None:  # given, even empty: `--models ''` is refused, not ignored
         changes["models"] = tuple(m.strip() for m in args.models.split(",") if m.strip())
-    if args.seeds is not None:
-        changes["seeds"] = args.seeds
+    changes.update(study_seeds(args.seeds, args.seed_start))
     cfg = preset(args.preset, **changes)
     check_output_dir(args.out)
     results = run_study(
@@ -419,8 +439,10 @@ def _ladder(args: argparse.Namespace) -> int:
     kw: dict[str, object] = {"in_situ": not args.no_in_situ, "changes": changes}
     if args.models is not None:
         kw["models"] = tuple(m.strip() for m in args.models.split(",") if m.strip())
+    if args.seed_start is not None:
+        raise UserError("--seed-start does not go with --preset ladder (its rungs run seeds 0..N-1)")
     if args.seeds is not None:
-        kw["seeds"] = args.seeds
+        kw["seeds"] = study_seeds(args.seeds, None)["seeds"]
     cfg = ladder_preset(args.rungs, **kw)
     check_output_dir(args.out)
     results = run_ladder(

@@ -182,7 +182,16 @@ def build_parser(prog: str = "poslens") -> argparse.ArgumentParser:
         "g6,g10,g14,g14_w64,d8,d12,g6_quadrant)",
     )
     sy.add_argument("--models", help="comma-separated encodings (default: the preset's)")
-    sy.add_argument("--seeds", type=int, help="seeds per model (default: the preset's)")
+    sy.add_argument(
+        "--seeds",
+        help="seeds per model, N (seeds 0..N-1, or from --seed-start) or a range A-B such as 5-9 "
+        "(default: the preset's count)",
+    )
+    sy.add_argument(
+        "--seed-start",
+        type=int,
+        help="the first seed (default 0): --seed-start 5 --seeds 5 replicates a study on seeds 5-9",
+    )
     sy.add_argument(
         "--pretrained",
         action="append",

@@ -26,10 +26,14 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from poslens.interventions import in_situ
 from poslens.metrics.stats import SeedTest, holm, seed_test
 from poslens.study.config import StudyConfig
+from poslens.study.power import MAX_SEEDS, POWER, Power, level_power
 from poslens.study.reference import reference_check
+from poslens.study.replication import VERDICT_CODES, Outcome, decide, replication
 from poslens.study.rules import EACH, LEVELS, RULES, Control, Effect, Rule, View
 from poslens.study.verdicts import (
     DESCRIPTIVE,
@@ -43,6 +47,8 @@ from poslens.study.verdicts import (
 MIN_SEEDS = 5  # a verdict (and a calibration result) needs at least this many measured seeds
 ALPHA = 0.05
 NO_POWER = "no power"  # the qualifier of an inconclusive verdict whose interval is too wide
+# the qualifier of a verdict that would not replicate on a fresh seed set (replication.STABLE)
+FRAGILE = "fragile"
 PRETRAINED_CAVEAT = (
     "Pretrained weights: each model is one set of weights, so its seeds are analysis seeds (image "
     "subset, RPI permutation, probe split, random draws) and the interval measures analysis "
@@ -251,6 +257,93 @@ def _notes(rule: Rule, views: list[View]) -> list[str]:
     return [f"{v.model}: {what}: {fmt_values(vals)}" for v in views for what, vals in rule.notes(v)]
 
 
+FAILED_CODE, SUPPORTED_CODE, NOT_SUPPORTED_CODE, NO_POWER_CODE = range(len(VERDICT_CODES))
+
+
+def _tests(study: list[Judged], controls: list[Judged]) -> list[Outcome]:
+    """The level's family as replication.Outcome values (study models first)."""
+    return [Outcome(j.role, j.test.values, j.problem is None, j.detected, j.test.lower, j.test.upper)
+            for j in [*study, *controls]]  # fmt: skip
+
+
+def _decide_observed(rule: Rule, study: list[Judged], controls: list[Judged]) -> int:
+    """The observed verdict (an index into VERDICT_CODES), by the same `decide` that decides each
+    replication draw: over the tests that count (a degenerate negative control does not)."""
+    counted = [j for j in [*study, *controls] if j.problem is None]
+
+    def row(xs: list[Any]) -> np.ndarray:
+        return np.array([xs])
+
+    return int(decide(rule.threshold, [j.role for j in counted], row([j.detected for j in counted]),
+                      row([j.test.lower for j in counted]), row([j.test.upper for j in counted]))[0])  # fmt: skip
+
+
+def _power(rule: Rule, study: list[Judged], controls: list[Judged], seeds: int) -> Power:
+    """The level's power at the run's seeds, at the Holm family's strictest step."""
+    family = sum(math.isfinite(j.test.p) for j in [*study, *controls])
+    counted = [j.test.values for j in [*study, *controls] if j.problem is None]
+    undecided = {j.model: j.test.mean for j in study if not j.detected and j.test.n}
+    return level_power(rule.threshold, detectable(rule, controls), seeds, ALPHA / max(family, 1),
+                       counted, undecided)  # fmt: skip
+
+
+def _which(study: list[Judged]) -> str:
+    return ", ".join(f"{j.model} {j.test.mean:.2f}" for j in study)
+
+
+def _failed_text(study: list[Judged], controls: list[Judged]) -> str:
+    """The controls that counted and came out against their design (a degenerate negative
+    control does not count, so it cannot fail)."""
+    wrong = [j for j in controls if (j.role == "positive" or j.problem is None)
+             and j.detected != (j.role == "positive")]  # fmt: skip
+    how = "; ".join(
+        f"{j.model} ({j.role} control) {'not ' * (j.role == 'positive')}detected: "
+        f"{j.test.mean:.2f}, one-sided 95% bounds {j.test.lower:.2f} to {j.test.upper:.2f}"
+        for j in wrong
+    )
+    return (f"The rule did not behave as designed on its controls ({how}), so its answer on the "
+            f"study models ({_which(study)}) says nothing about them.")  # fmt: skip
+
+
+def _not_observed_text(rule: Rule, study: list[Judged], controls: list[Judged]) -> str:
+    undetected = [j for j in study if not j.detected]
+    return (
+        f"Not observed in these models ({', '.join(j.model for j in undetected)}: "
+        f"{_which(study)}): the one-sided 95% upper bound "
+        f"({', '.join(f'{j.test.upper:.2f}' for j in undetected)}) lies below "
+        f"{detectable(rule, controls):.2f}, the smallest effect the rule is known to detect here."
+    )
+
+
+def _no_power_text(
+    rule: Rule, study: list[Judged], controls: list[Judged], power: Power | None
+) -> str:
+    floor = detectable(rule, controls)
+    undetected = [j for j in study if not j.detected]
+    wide = [j for j in undetected if not j.test.upper < floor]
+    narrow = [j for j in undetected if j.test.upper < floor]
+
+    def bounds(js: list[Judged]) -> str:
+        return ", ".join(f"{j.model} {j.test.upper:.2f}" for j in js)
+
+    out = (
+        f"No power: the effect does not clearly exceed {rule.threshold:g} in "
+        f"{', '.join(j.model for j in undetected)} ({_which(study)}), and the one-sided 95% upper "
+        f"bound ({bounds(wide)}) does not exclude {floor:.2f}, the smallest effect the "
+        "rule is known to detect here"
+        + (f" (it does for {bounds(narrow)})" if narrow else "")
+        + "."
+    )
+    if power is not None and power.seeds_needed is not None:
+        n = power.seeds_needed
+        out += (f" At the observed effect and spread, {n} seeds would decide it with "
+                f"{POWER:.0%} power (--seeds {n}).")  # fmt: skip
+    elif power is not None and power.needed:
+        out += (" No seed count up to "
+                f"{MAX_SEEDS} would decide it: the effect sits on the threshold.")  # fmt: skip
+    return out
+
+
 def _claim(
     rule: Rule,
     study: list[Judged],
@@ -281,6 +374,9 @@ def _claim(
         )
     problems = [j.problem for j in study if j.problem is not None]
     qualifier = None
+    run_seeds = min((j.seeds for j in study), default=0)
+    power = None if rule.descriptive or not study else _power(rule, study, controls, run_seeds)
+    replicates = None
     if not study:
         verdict, summary = INCONCLUSIVE, f"No study model ran {rule.experiment} in this study."
     elif rule.descriptive:
@@ -300,54 +396,26 @@ def _claim(
             + (f"; {rule.in_situ_gap}" if rule.in_situ_gap else "")
             + "."
         )
-    elif not cal["passed"]:
-        verdict = FAILED_CALIBRATION
-        # the controls that counted and came out against their design (a degenerate negative
-        # control does not count, so it cannot fail)
-        wrong = [j for j in controls if (j.role == "positive" or j.problem is None)
-                 and j.detected != (j.role == "positive")]  # fmt: skip
-        how = "; ".join(
-            f"{j.model} ({j.role} control) {'not ' * (j.role == 'positive')}detected: "
-            f"{j.test.mean:.2f}, one-sided 95% bounds {j.test.lower:.2f} to {j.test.upper:.2f}"
-            for j in wrong
-        )
-        which = ", ".join(f"{j.model} {j.test.mean:.2f}" for j in study)
-        summary = (
-            f"The rule did not behave as designed on its controls ({how}), so its answer on the "
-            f"study models ({which}) says nothing about them."
-        )
     else:
-        which = ", ".join(f"{j.model} {j.test.mean:.2f}" for j in study)
-        undetected = [j for j in study if not j.detected]
-        floor = detectable(rule, controls)
-        if not undetected:
+        code = _decide_observed(rule, study, controls)
+        if code == FAILED_CODE:
+            verdict, summary = FAILED_CALIBRATION, _failed_text(study, controls)
+        elif code == SUPPORTED_CODE:
             verdict = SUPPORTED
-            summary = (f"The effect exceeds {rule.threshold:g} in every study model ({which}), "
-                       "Holm-corrected over this level's models and controls.")  # fmt: skip
-        elif all(j.test.upper < floor for j in undetected):
-            verdict = NOT_SUPPORTED
-            summary = (
-                f"Not observed in these models ({', '.join(j.model for j in undetected)}: "
-                f"{which}): the one-sided 95% upper bound "
-                f"({', '.join(f'{j.test.upper:.2f}' for j in undetected)}) lies below "
-                f"{floor:.2f}, the smallest effect the rule is known to detect here."
-            )
+            summary = (f"The effect exceeds {rule.threshold:g} in every study model "
+                       f"({_which(study)}), Holm-corrected over this level's models and "
+                       "controls.")  # fmt: skip
+        elif code == NOT_SUPPORTED_CODE:
+            verdict, summary = NOT_SUPPORTED, _not_observed_text(rule, study, controls)
         else:
             verdict, qualifier = INCONCLUSIVE, NO_POWER
-            wide = [j for j in undetected if not j.test.upper < floor]
-            narrow = [j for j in undetected if j.test.upper < floor]
-
-            def bounds(js: list[Judged]) -> str:
-                return ", ".join(f"{j.model} {j.test.upper:.2f}" for j in js)
-
-            summary = (
-                f"No power: the effect does not clearly exceed {rule.threshold:g} in "
-                f"{', '.join(j.model for j in undetected)} ({which}), and the one-sided 95% upper "
-                f"bound ({bounds(wide)}) does not exclude {floor:.2f}, the smallest effect the "
-                "rule is known to detect here"
-                + (f" (it does for {bounds(narrow)})" if narrow else "")
-                + "."
-            )
+            summary = _no_power_text(rule, study, controls, power)
+        replicates = replication(_tests(study, controls), rule.threshold, ALPHA, run_seeds, code,
+                                 rule.id)  # fmt: skip
+        if code != NO_POWER_CODE and not replicates.stable:
+            summary = (f"Fragile: {VERDICT_CODES[code]} on this seed set, but {replicates.text()}. "
+                       + summary)  # fmt: skip
+            verdict, qualifier = INCONCLUSIVE, FRAGILE
     summary += f" Describes {scale}."
     return {
         "id": rule.id,
@@ -367,6 +435,9 @@ def _claim(
         "models": [j.model for j in study],
         "seeds": min((j.test.n for j in study), default=0),
         "measured": measured,
+        "threshold_source": rule.threshold_source,
+        "power": None if power is None else power.to_dict(),
+        "replication": None if replicates is None else replicates.to_dict(),
         "primary": {
             "effect": rule.effect_name,
             "threshold": rule.threshold,
@@ -378,5 +449,5 @@ def _claim(
     }
 
 
-__all__ = ["ALPHA", "DESCRIPTIVE", "FAILED_CALIBRATION", "INCONCLUSIVE", "MIN_SEEDS", "NOT_SUPPORTED", "NO_POWER",
+__all__ = ["ALPHA", "DESCRIPTIVE", "FAILED_CALIBRATION", "FRAGILE", "INCONCLUSIVE", "MIN_SEEDS", "NOT_SUPPORTED", "NO_POWER",
            "SUPPORTED", "VERDICTS", "detectable", "evaluate_claims"]  # fmt: skip

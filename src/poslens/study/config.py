@@ -46,6 +46,9 @@ class StudyConfig:
     preset: str = "default"
     models: tuple[str, ...] = ("ape", "rope_axial")
     seeds: int = 2
+    # the first seed: a study runs seeds seed_start .. seed_start + seeds - 1, so a replication
+    # on a disjoint seed set is `seed_start=5` (seed i trains and analyses the same either way)
+    seed_start: int = 0
     task: str = "relation"
     experiments: tuple[str, ...] = CORE
     train_set: tuple[str, ...] = ()
@@ -78,6 +81,11 @@ class StudyConfig:
     finetune_lr: float = 1e-4
     finetune_batch: int = 32
 
+    @property
+    def seed_list(self) -> tuple[int, ...]:
+        """The seeds this study runs, in order."""
+        return tuple(range(self.seed_start, self.seed_start + self.seeds))
+
     def __post_init__(self) -> None:
         one_of("study.preset", self.preset, PRESETS)
         pretrained = tuple(Pretrained(*parse_pretrained(item)) for item in self.pretrained)
@@ -100,6 +108,8 @@ class StudyConfig:
                 raise ConfigError(f"study.models lists an encoding twice: {', '.join(self.models)}")
         positive_int("study.seeds", self.seeds)
         check_count("study.seeds", self.seeds, "seeds")
+        positive_int("study.seed_start", self.seed_start, allow_zero=True)
+        check_count("study.seed_start", self.seed_start + self.seeds, "seeds")
         for e in self.experiments:
             one_of("study.experiments", e, EXPERIMENTS)
         for name in ("n_images", "probe_images"):

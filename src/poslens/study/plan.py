@@ -179,7 +179,7 @@ def make_plan(
         threads = max(1, (os.cpu_count() or 1) // n_jobs)
     runs = []
     for model in keys:
-        for seed in range(cfg.seeds):
+        for seed in cfg.seed_list:
             ecfgs = experiment_configs(cfg, seed)
             if pretrained:
                 rc, first, ckpt = None, "load", None

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from poslens.study.original import REBUILD_AFTER_WINDOW, REBUILD_ANYWAY, REBUILD_SUFFIX
 from poslens.study.rules import Rule
+from poslens.study.verdicts import NOT_SUPPORTED, SUPPORTED
 
 # The original's verdict on every claim was "supported".
-ORIGINAL = "supported"
+ORIGINAL = SUPPORTED
 
 
 NOT_COMPARABLE = "not comparable"
@@ -73,18 +75,16 @@ def _split() -> tuple[float | None, str, bool]:
 
 def _rebuild_retention() -> tuple[float | None, str, bool]:
     return (
-        0.71,
-        "final RPI-SSDC retention 0.71 after rotations were withheld in blocks 0-5 of 12 (blocks "
-        "0..3: 0.87); the suffix window 6..11 leaves 0.48, so the later blocks add 0.52 anyway",
+        REBUILD_AFTER_WINDOW,
+        f"final RPI-SSDC retention {REBUILD_AFTER_WINDOW} after rotations were withheld in blocks "
+        f"0-5 of 12 (blocks 0..3: 0.87); the suffix window 6..11 leaves {REBUILD_SUFFIX}, so the "
+        f"later blocks add {REBUILD_ANYWAY:.2f} anyway",
         True,
     )
 
 
 def _rebuild() -> tuple[float | None, str, bool]:
-    # Windows (naver): rotations withheld in blocks 0..5 leave RPI-SSDC retention 0.71 at the
-    # last block; withheld in 6..11 (suffix) 0.48, so blocks 6..11 add 1 - 0.48 = 0.52 in the
-    # intact model and 0.71 after the window: a compensation of +0.19 in SSDC units.
-    after, anyway = 0.71, 1 - 0.48
+    after, anyway = REBUILD_AFTER_WINDOW, REBUILD_ANYWAY  # compensation: REBUILD_COMPENSATION
     return (
         None,
         (
@@ -163,7 +163,7 @@ def reference_check(rule: Rule) -> dict[str, Any]:
         return {"original_verdict": original, "effect": effect, "rule_verdict": NOT_COMPARABLE,
                 "agrees": None, "comparable": False, "note": note}  # fmt: skip
     assert effect is not None
-    verdict = "supported" if effect > rule.threshold else "not supported"
+    verdict = SUPPORTED if effect > rule.threshold else NOT_SUPPORTED
     return {"original_verdict": ORIGINAL, "effect": effect, "rule_verdict": verdict,
             "agrees": verdict == ORIGINAL, "comparable": True, "note": note}  # fmt: skip
 

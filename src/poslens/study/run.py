@@ -70,7 +70,7 @@ def _run(plan: Plan, executor: Executor, progress: bool) -> dict[str, Any]:
     start = time.perf_counter()
     by_run = execute(plan, executor, progress)
     runs_seconds = time.perf_counter() - start
-    runs = {m: [by_run[m, s][0] for s in range(cfg.seeds)] for m in plan.models}
+    runs = {m: [by_run[m, s][0] for s in cfg.seed_list] for m in plan.models}
     # a pretrained model's in-situ controls whose edit does not fit it (an APE edit on a RoPE
     # model: the plan cannot know the encoding before the weights load) are not models of it
     runs = {m: rs for m, rs in runs.items()
