@@ -243,15 +243,16 @@ def test_markdown_has_claims_table_and_image_links(study: tuple[Path, dict[str, 
     md = render_markdown(results, out)
     lines = md.splitlines()
     head = lines.index(
-        "| Claim | Level | Verdict | The original | Summary | Measured seeds per model |"
+        "| Claim | Level | Verdict | The original | Summary | Measured seeds per model "
+        "| Threshold, power, replication |"
     )
-    assert lines[head + 1] == "|---|---|---|---|---|---|"
+    assert lines[head + 1] == "|---|---|---|---|---|---|---|"
     for i, cl in enumerate(results["claims"]):
         row = lines[head + 2 + i]
         label = cl["verdict"] + (f" ({cl['qualifier']})" if cl.get("qualifier") else "")
         assert row.startswith(f"| {cl['title']} | ")
         assert f" | **{label}** | " in row
-        assert row.count(" | ") == 5, "an unescaped pipe would add a column"
+        assert row.count(" | ") == 6, "an unescaped pipe would add a column"
     assert "**inconclusive (no power)**" in md and "| rope_axial 2 of 3 |" in md
     for fig in results["figures"]:
         if fig["png"] != MISSING_PNG:

@@ -158,7 +158,25 @@ def reference_cell(cl: Mapping[str, Any]) -> str:
     return f"{orig}; the rule on its numbers: {got}{value}"
 
 
-CLAIMS_HEAD = ["Claim", "Level", "Verdict", "The original", "Summary", "Measured seeds per model"]
+CLAIMS_HEAD = ["Claim", "Level", "Verdict", "The original", "Summary", "Measured seeds per model",
+               "Threshold, power, replication"]  # fmt: skip
+
+
+def power_cell(cl: Mapping[str, Any]) -> str:
+    """'threshold 0.1; detects >= 0.18 at 5 seeds; the same verdict on 97% of fresh 5-seed sets'
+    (what is absent from older results is left out)."""
+    parts = []
+    if cl.get("primary", {}).get("threshold") is not None and cl.get("power"):
+        parts.append(f"threshold {fmt_num(float(cl['primary']['threshold']))}")
+    power = cl.get("power") or {}
+    if power.get("mde") is not None:
+        parts.append(f"detects >= {fmt_num(float(power['mde']))} at {power.get('seeds')} seeds")
+    if power.get("seeds_needed") is not None:
+        parts.append(f"{power['seeds_needed']} seeds would decide it")
+    rep = cl.get("replication") or {}
+    if rep.get("text"):
+        parts.append(str(rep["text"]))
+    return "; ".join(parts) or NONE
 
 
 def claim_rows(results: Mapping[str, Any]) -> list[tuple[Mapping[str, Any], list[str]]]:
@@ -172,8 +190,22 @@ def claim_rows(results: Mapping[str, Any]) -> list[tuple[Mapping[str, Any], list
         if cl.get("statement"):
             level += f": {cl['statement']}"
         rows.append((cl, [title, level, verdict_label(cl), reference_cell(cl),
-                          str(cl.get("summary", "")), measured_cell(cl)]))  # fmt: skip
+                          str(cl.get("summary", "")), measured_cell(cl), power_cell(cl)]))  # fmt: skip
     return rows
+
+
+def power_lines(cl: Mapping[str, Any]) -> list[str]:
+    """The threshold with its source, the power at the run's seeds and the replication estimate."""
+    out = []
+    if cl.get("threshold_source"):
+        threshold = (cl.get("primary") or {}).get("threshold")
+        value = "" if threshold is None else f"{fmt_num(float(threshold))}: "
+        out.append(f"Threshold {value}{cl['threshold_source']}.")
+    if (cl.get("power") or {}).get("text"):
+        out.append(f"Power: {cl['power']['text']}.")
+    if (cl.get("replication") or {}).get("text"):
+        out.append(f"Replication: {cl['replication']['text']}.")
+    return out
 
 
 def claim_sections(cl: Mapping[str, Any]) -> list[tuple[str, list[str]]]:
@@ -202,6 +234,7 @@ def claim_sections(cl: Mapping[str, Any]) -> list[tuple[str, list[str]]]:
     return [
         ("What this level tests", [cl["statement"]] if cl.get("statement") else []),
         ("Primary test", list(cl.get("evidence") or [])),
+        ("Threshold, power and replication", power_lines(cl)),
         ("Secondary numbers", list(cl.get("notes") or [])),
         ("Calibration", [*(cl.get("controls") or []), *tally]),
         ("Caveats", list(cl.get("caveats") or [])),

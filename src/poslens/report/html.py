@@ -112,11 +112,11 @@ def _claims(results: Mapping[str, Any], out_dir: Path) -> str:
                + "".join(f"<th>{esc(h)}</th>" for h in c.CLAIMS_HEAD) + "</tr></thead><tbody>")  # fmt: skip
     for i, (cl, cells) in enumerate(c.claim_rows(results)):
         anchor = f"claim-{c.slug(cl.get('id', i))}"
-        title, level, _, ref, summary, measured = cells
+        title, level, _, ref, summary, measured, power = cells
         out.append(
             f'<tr><td>{esc(title)}</td><td><a href="#{esc(anchor)}">{esc(level)}</a></td>'
             f"<td>{badge(cl.get('verdict'), c.verdict_label(cl))}</td><td>{esc(ref)}</td>"
-            f"<td>{esc(summary)}</td><td>{esc(measured)}</td></tr>"
+            f"<td>{esc(summary)}</td><td>{esc(measured)}</td><td>{esc(power)}</td></tr>"
         )
     out.append("</tbody></table>")
     for i, cl in enumerate(claims):
