@@ -282,9 +282,10 @@ def _power(rule: Rule, study: list[Judged], controls: list[Judged], seeds: int) 
     """The level's power at the run's seeds, at the Holm family's strictest step."""
     family = sum(math.isfinite(j.test.p) for j in [*study, *controls])
     counted = [j.test.values for j in [*study, *controls] if j.problem is None]
-    undecided = {j.model: j.test.mean for j in study if not j.detected and j.test.n}
-    return level_power(rule.threshold, detectable(rule, controls), seeds, ALPHA / max(family, 1),
-                       counted, undecided)  # fmt: skip
+    floor = detectable(rule, controls)
+    undecided = {j.model: j.test.mean for j in study
+                 if j.test.n and not j.detected and not j.test.upper < floor}  # fmt: skip
+    return level_power(rule.threshold, floor, seeds, ALPHA / max(family, 1), counted, undecided)
 
 
 def _which(study: list[Judged]) -> str:
