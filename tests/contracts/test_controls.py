@@ -5,9 +5,9 @@ trained by the default preset and runs the experiments that rule reads."""
 from __future__ import annotations
 
 from poslens.experiments import windows
+from poslens.study.claims import RULES
 from poslens.study.config import preset
 from poslens.study.plan import run_config
-from poslens.study.rules import RULES
 from poslens.training.train import withheld_blocks
 
 STEPS = 2000  # the default preset's longest schedule

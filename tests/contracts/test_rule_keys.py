@@ -17,7 +17,7 @@ from poslens.experiments.analyze import analyze
 from poslens.interventions import in_situ
 from poslens.models.vit import ViT
 from poslens.study.aggregate import aggregate
-from poslens.study.rules import RULES, View
+from poslens.study.claims import RULES, View
 from poslens.study.verdicts import VERDICTS
 from tests.conftest import tiny
 

@@ -73,7 +73,7 @@ def test_the_finder_names_the_planted_kind(planted: dict[str, dict[str, Any]]) -
 def test_zeroing_row_and_column_latents_moves_the_fixed_probe_and_the_margin(
     planted: dict[str, dict[str, Any]],
 ) -> None:
-    """The APE rule's own effect (study/rules.py: downstream fixed-probe drop beyond matched
+    """The APE rule's own effect (study/claims/ape.py: downstream fixed-probe drop beyond matched
     latents, threshold 0.1) detects the additive code and stays quiet on the cell code; the
     model's margin falls beyond the matched control by more than 2 paired SE."""
     rc, cell = planted["ape_rowcol"]["summary"], planted["ape_cell"]["summary"]

@@ -21,7 +21,11 @@ from poslens.experiments.output import retention_number
 from poslens.experiments.sae_causal import result as sae
 from poslens.metrics.stats import holm, seed_test
 from poslens.study.aggregate import mean_se
-from poslens.study.claims import (
+from poslens.study.claims import CLAIMS, ORIGINAL, RULES, SHARPER, View
+from poslens.study.claims.ape import ape_site_effect
+from poslens.study.claims.heads import UNITS
+from poslens.study.claims.split import rope_split_effect
+from poslens.study.judge import (
     DESCRIPTIVE,
     FAILED_CALIBRATION,
     INCONCLUSIVE,
@@ -32,16 +36,6 @@ from poslens.study.claims import (
     evaluate_claims,
 )
 from poslens.study.reference import CHECKS, NOT_COMPARABLE, reference_check
-from poslens.study.rules import (
-    CLAIMS,
-    ORIGINAL,
-    RULES,
-    SHARPER,
-    UNITS,
-    View,
-    ape_site_effect,
-    rope_split_effect,
-)
 
 SEEDS = MIN_SEEDS
 Agg = dict[str, dict[str, list[float]]]

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from poslens.experiments.sae_causal import result as sae
-from poslens.study.claims import evaluate_claims
+from poslens.study.claims import RULES
 from poslens.study.figures import claims_at_a_glance, sae_causal
-from poslens.study.rules import RULES
+from poslens.study.judge import evaluate_claims
 from tests.study.test_claims import calibrated
 
 

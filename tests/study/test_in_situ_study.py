@@ -18,8 +18,10 @@ from poslens.experiments import position_removal as pr
 from poslens.experiments.analyze import analyze
 from poslens.interventions import in_situ
 from poslens.study import preset, run_study
+from poslens.study.claims import View
+from poslens.study.claims.position import position_effect
+from poslens.study.claims.split import rope_split_effect
 from poslens.study.plan import experiment_configs, in_situ_edits, make_plan
-from poslens.study.rules import View, position_effect, rope_split_effect
 from tests.experiments.test_sae_causal import TINY_TRAIN
 from tests.study.test_study import TINY_STUDY
 

@@ -12,6 +12,7 @@ import pytest
 
 from poslens.cli import main
 from poslens.errors import ConfigError, UserError
+from poslens.study.claims import RULES
 from poslens.study.ladder import (
     LADDER,
     SCHEMA,
@@ -23,7 +24,6 @@ from poslens.study.ladder import (
 )
 from poslens.study.ladder_figures import claim_figure
 from poslens.study.plan import experiment_configs, run_config
-from poslens.study.rules import RULES
 from tests.study.test_study import TINY_STUDY
 
 

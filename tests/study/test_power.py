@@ -13,7 +13,8 @@ import pytest
 from scipy import stats as st
 
 from poslens.metrics.stats import holm
-from poslens.study.claims import FRAGILE, INCONCLUSIVE, NO_POWER, SUPPORTED, evaluate_claims
+from poslens.study.claims import RULES
+from poslens.study.judge import FRAGILE, INCONCLUSIVE, NO_POWER, SUPPORTED, evaluate_claims
 from poslens.study.power import detectable_shift, level_power, pooled_sd, seeds_to_decide
 from poslens.study.reference import CHECKS
 from poslens.study.replication import (
@@ -25,7 +26,6 @@ from poslens.study.replication import (
     replication,
     verdict_shares,
 )
-from poslens.study.rules import RULES
 from tests.study.test_claims import calibrated, claim, entry, heads, jitter, merge, split, windows
 
 

@@ -16,7 +16,7 @@ from poslens.cli import main
 from poslens.errors import ConfigError
 from poslens.study import StudyConfig, preset, run_study
 from poslens.study.aggregate import aggregate, mean_se
-from poslens.study.rules import RULES
+from poslens.study.claims import RULES
 
 TINY_STUDY = StudyConfig(
     preset="quick",

@@ -18,7 +18,7 @@ from safetensors.torch import save_file
 
 from poslens.errors import CheckpointError, ConfigError, DataError
 from poslens.study import StudyConfig, preset, run_study
-from poslens.study.claims import PRETRAINED_CAVEAT
+from poslens.study.judge import PRETRAINED_CAVEAT
 from poslens.study.plan import Stage
 from tests.conftest import shrink_timm
 

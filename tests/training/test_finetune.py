@@ -69,7 +69,7 @@ def test_the_held_out_fine_tune_compensates_more_than_the_late_one(tmp_path: Pat
     """On a trained 4-block RoPE-Axial model (never trained with rotations withheld): fine-tuned
     with held-out windows (never the tested prefix) it compensates more after the tested window
     than fine-tuned as long with late windows only, read by the rebuild rule's own effects."""
-    from poslens.study.rules import rebuild_effect, rebuild_retention_effect
+    from poslens.study.claims.rebuild import rebuild_effect, rebuild_retention_effect
     from poslens.training.config import apply_overrides
     from poslens.training.config import preset as run_preset
     from poslens.training.train import train

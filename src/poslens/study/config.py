@@ -218,7 +218,7 @@ def config_hash(d: dict[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-# The study models and the calibration models of every claim (study/rules.py): mechanism present
+# The study models and the calibration models of every claim (study/claims/): mechanism present
 # (positive) or absent (negative) by design. Each is trained with every seed.
 STUDY_MODELS = ("ape", "rope_axial", "rope_mixed")
 CALIBRATION_MODELS = (

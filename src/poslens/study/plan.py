@@ -218,7 +218,7 @@ def _in_situ_reads(
     whether any probe or SSDC of position_removal, whether any number under RPI) the rules
     judging it read."""
     from poslens.experiments.position_removal import KINDS
-    from poslens.study.rules import RULES  # the rules read the experiments, not the plan
+    from poslens.study.claims import RULES  # the rules read the experiments, not the plan
 
     if not cfg.in_situ:
         return {}

@@ -11,7 +11,7 @@ Output folder layout (all paths in results.json are relative to it):
 Every file is written atomically, so an interrupted study leaves finished stages intact and
 `poslens study` with the same arguments continues from them. The study is resolved into a plan
 (study/plan.py), its runs executed stage by stage (study/stages.py, study/pool.py), then
-aggregated over seeds (study/aggregate.py) and judged (study/claims.py).
+aggregated over seeds (study/aggregate.py) and judged (study/judge.py).
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ from poslens._version import __version__
 from poslens.allocator import kept as allocator_kept
 from poslens.io import jsonable, locked, sweep_temp_files, write_json
 from poslens.study.aggregate import aggregate
-from poslens.study.claims import evaluate_claims
 from poslens.study.config import StudyConfig
 from poslens.study.executor import Executor
+from poslens.study.judge import evaluate_claims
 from poslens.study.plan import Plan, make_plan
 from poslens.study.pool import execute, make_executor
 from poslens.study.slurm import SlurmOptions, SubmititPool

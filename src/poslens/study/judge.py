@@ -1,5 +1,5 @@
 """The original study's claims, each stated at two levels (the original's observation, then the
-sharper test) and each level decided by a calibrated rule (study/rules.py).
+sharper test) and each level decided by a calibrated rule (study/claims/).
 
 Per level: the primary effect per seed on each study model, measured or missing with its reason
 (never a stand-in 0), the one-sided t-test of "the effect exceeds the rule's threshold" over the
@@ -30,11 +30,11 @@ import numpy as np
 
 from poslens.interventions import in_situ
 from poslens.metrics.stats import SeedTest, holm, seed_test
+from poslens.study.claims import EACH, LEVELS, RULES, Control, Effect, Rule, View
 from poslens.study.config import StudyConfig
 from poslens.study.power import MAX_SEEDS, POWER, Power, level_power
 from poslens.study.reference import reference_check
 from poslens.study.replication import VERDICT_CODES, Outcome, decide, replication
-from poslens.study.rules import EACH, LEVELS, RULES, Control, Effect, Rule, View
 from poslens.study.verdicts import (
     DESCRIPTIVE,
     FAILED_CALIBRATION,
