@@ -14,7 +14,7 @@ from poslens.experiments import windows as windows_exp
 from poslens.experiments.sae_causal import result as sae_exp
 from poslens.io import atomic_write
 from poslens.study.config import StudyConfig
-from poslens.study.verdicts import CLAIMS_FIGURE
+from poslens.study.verdicts import CLAIMS_FIGURE, DESCRIPTIVE
 
 Agg = dict[str, dict[str, Any]]  # headline key -> {"mean", "se", "n", "values"}
 
@@ -153,7 +153,7 @@ def claims_at_a_glance(claims: list[dict[str, Any]]) -> Figure | None:
             if lo is not None and hi is not None and np.isfinite(lo) and np.isfinite(hi):
                 ax.plot([lo, hi], [yi, yi], color=color, lw=2, alpha=0.7)
             ax.plot([mean], [yi], marker=marker, color=color, ms=5)
-        if c["verdict"] != "descriptive":
+        if c["verdict"] != DESCRIPTIVE:
             ax.axvline(c["primary"]["threshold"], color="grey", ls="--", lw=1)
         ref = c.get("reference") or {}
         if ref.get("comparable") and ref.get("effect") is not None:
