@@ -52,7 +52,7 @@ def position_removal(models: dict[str, Agg]) -> Figure | None:
     ax = fig.subplots()
     width = 0.8 / max(1, len(models))
     for i, (m, agg) in enumerate(models.items()):
-        ns = pr.random_counts(agg)  # the first count that ran, as before
+        ns = pr.random_counts(agg)  # the smallest random-plane count the headline holds
         rnd = pr.random_condition(ns[0]) if ns else "random"
         keys = [pr.key(rnd if c == "random" else c, "accuracy") for c in conds]
         vals = [_get(agg, k, 100) for k in keys]
