@@ -27,10 +27,10 @@ from poslens.experiments.heads.result import (
     EXCESS,
     EXCESS_ACCURACY,
     HELD_OUT,
-    HELD_OUT_STATS,
     N_IMAGES,
     N_UNITS,
     NULL_EXCESS,
+    NULL_EXCESS_ACCURACY,
     TOP_MINUS_NULL,
     TOP_MINUS_NULL_ACCURACY,
     TOP_RANK,
@@ -503,6 +503,11 @@ def rebuilder(redundant: bool = True) -> ViT:
     return m
 
 
+# every held-out statistic that comes with a paired SE
+HELD_OUT_STATS = (
+    EXCESS, EXCESS_ACCURACY, NULL_EXCESS, NULL_EXCESS_ACCURACY, TOP_MINUS_NULL,
+    TOP_MINUS_NULL_ACCURACY,
+)  # fmt: skip
 REBUILD_CFG = dict(
     n_images=120, probe_images=30, batch_size=120, draws=1, probe_block=1, window_k=0,
     units=("block_head",), cumulative=(1,), rebuild_probes=False, axis_windows=False,

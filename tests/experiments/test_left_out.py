@@ -13,8 +13,9 @@ import pytest
 
 from poslens.data import DataConfig, Task, build_task
 from poslens.errors import ConfigError
-from poslens.experiments import depth_profile, heads, readout
+from poslens.experiments import depth_profile, heads
 from poslens.experiments.output import save
+from poslens.experiments.readout import measurement
 from poslens.study.config import PRETRAINED_QUICK, preset
 from tests.conftest import tiny
 
@@ -29,8 +30,8 @@ def task() -> Task:
 
 def count_measures(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     calls: list[int] = []
-    real = readout._measure
-    monkeypatch.setattr(readout, "_measure", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = measurement._measure
+    monkeypatch.setattr(measurement, "_measure", lambda *a, **k: calls.append(1) or real(*a, **k))
     return calls
 
 

@@ -8,10 +8,9 @@ import pytest
 import torch
 
 from poslens.data import DataConfig, build_task
-from poslens.experiments import readout
 from poslens.experiments.conditions import intact
 from poslens.experiments.config import ExperimentConfig
-from poslens.experiments.readout import measure
+from poslens.experiments.readout import measure, measurement
 from tests.conftest import tiny
 
 
@@ -22,7 +21,7 @@ def test_out_of_memory_halves_the_batch_and_warns(
         "test"
     )
     m = tiny("rope_axial", num_classes=16)
-    real = readout._measure
+    real = measurement._measure
     sizes: list[int] = []
 
     def small_memory(model, images, labels, cfg, *rest):  # type: ignore[no-untyped-def]
@@ -31,9 +30,9 @@ def test_out_of_memory_halves_the_batch_and_warns(
             raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
         return real(model, images, labels, cfg, *rest)
 
-    monkeypatch.setattr(readout, "_measure", small_memory)
+    monkeypatch.setattr(measurement, "_measure", small_memory)
     monkeypatch.setattr(
-        readout, "_is_cuda_oom", lambda e, _m: isinstance(e, torch.OutOfMemoryError)
+        measurement, "_is_cuda_oom", lambda e, _m: isinstance(e, torch.OutOfMemoryError)
     )
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     cfg = ExperimentConfig(n_images=20, probe_images=20, batch_size=20)
@@ -54,7 +53,7 @@ def test_other_errors_are_not_retried(monkeypatch: pytest.MonkeyPatch) -> None:
         calls.append(1)
         raise RuntimeError("something else")
 
-    monkeypatch.setattr(readout, "_measure", broken)
+    monkeypatch.setattr(measurement, "_measure", broken)
     x = torch.zeros(10, 1, 16, 16)
     with pytest.raises(RuntimeError, match="something else"):
         measure(

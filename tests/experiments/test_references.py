@@ -19,6 +19,7 @@ from poslens.experiments import depth_profile, readout
 from poslens.experiments.analyze import analyze
 from poslens.experiments.config import ExperimentConfig
 from poslens.experiments.readout import ReferenceCache, baseline, eval_images, reference
+from poslens.experiments.readout import references as reference_module
 from poslens.study.plan import make_plan
 from poslens.study.stages import run_one
 from tests.conftest import tiny
@@ -31,8 +32,9 @@ STUDY = replace(TINY_STUDY, models=("rope_axial",), seeds=1, experiments=SHARING
 
 
 def count_measures(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Counts the readouts `reference` and `baseline` measure (they call readout.measure; the
-    experiments' own conditions go through their imported name and are not counted)."""
+    """Counts the readouts `reference` and `baseline` measure (they call measure as
+    readout/references.py imports it; the experiments' own conditions go through their imported
+    name and are not counted)."""
     calls: list[int] = []
     real = readout.measure
 
@@ -40,7 +42,7 @@ def count_measures(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         calls.append(1)
         return real(*args, **kw)
 
-    monkeypatch.setattr(readout, "measure", counted)
+    monkeypatch.setattr(reference_module, "measure", counted)
     return calls
 
 

@@ -21,7 +21,7 @@ from poslens.study import preset, run_study
 from poslens.study.claims import View
 from poslens.study.claims.position import position_effect
 from poslens.study.claims.split import rope_split_effect
-from poslens.study.plan import experiment_configs, in_situ_edits, make_plan
+from poslens.study.plan import experiment_configs, make_plan
 from tests.experiments.test_sae_causal import TINY_TRAIN
 from tests.study.test_study import TINY_STUDY
 
@@ -30,7 +30,8 @@ def test_each_study_model_gets_the_edits_its_rules_name(tmp_path: Path) -> None:
     cfg = preset("default")
     plan = make_plan(cfg, tmp_path)
     base = {(r.model, r.seed): r for r in plan.runs if not r.edit}
-    edits = {m: in_situ_edits(cfg, base[m, 0]) for m in cfg.models}
+    edits = {m: {r.edit: tuple(s.kind for s in r.stages[1:]) for r in plan.runs
+                 if r.edit and r.base == m and r.seed == 0} for m in cfg.models}  # fmt: skip
     assert edits["ape"] == {"table_rowcol": ("position_removal", "sae_causal"),
                             "table_cell": ("position_removal", "sae_causal"),
                             "position_shuffled": ("position_removal",)}  # fmt: skip

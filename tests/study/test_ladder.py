@@ -225,7 +225,7 @@ def test_results_follow_the_ladder_schema_and_report_rerenders(
 
 
 def test_the_cli_summary_has_a_line_per_claim_level(ladder: tuple[Path, dict[str, Any]]) -> None:
-    from poslens.cli.commands import ladder_summary
+    from poslens.cli.study import ladder_summary
 
     _, res = ladder
     lines = ladder_summary(res).splitlines()

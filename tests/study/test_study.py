@@ -120,7 +120,7 @@ def test_a_later_seed_set_runs_each_seed_as_the_full_study_does(
 
 
 def test_seed_flags_name_a_count_or_a_range() -> None:
-    from poslens.cli.commands import study_seeds
+    from poslens.cli.study import study_seeds
     from poslens.errors import UserError
 
     assert study_seeds("5", None) == {"seeds": 5}

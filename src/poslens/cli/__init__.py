@@ -1,5 +1,6 @@
-"""Command line: parses arguments (parser.py), calls the Python API (commands.py), maps user
-errors to one line and exit code 2."""
+"""Command line: parses arguments (parser.py), calls the Python API (a module per command: train.py,
+info.py, analyze.py, sae.py, study.py, export.py, report.py), maps user errors to one line and exit
+code 2."""
 
 from __future__ import annotations
 

@@ -1,19 +1,17 @@
-"""The argument parser of `poslens`: one subcommand per command in commands.py."""
+"""The argument parser of `poslens`: one subcommand per command, each in its own module."""
 
 from __future__ import annotations
 
 import argparse
 from typing import NoReturn
 
-from poslens.cli.commands import (
-    cmd_analyze,
-    cmd_export,
-    cmd_info,
-    cmd_report,
-    cmd_sae_train,
-    cmd_study,
-    cmd_train,
-)
+from poslens.cli.analyze import cmd_analyze
+from poslens.cli.export import cmd_export
+from poslens.cli.info import cmd_info
+from poslens.cli.report import cmd_report
+from poslens.cli.sae import cmd_sae_train
+from poslens.cli.study import cmd_study
+from poslens.cli.train import cmd_train
 from poslens.models import hooks
 
 

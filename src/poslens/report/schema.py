@@ -16,6 +16,7 @@ from typing import Any
 
 from poslens.errors import UserError
 from poslens.report.ladder import SCHEMA as LADDER_SCHEMA
+from poslens.study.schema import SCHEMA
 
 _TYPES: dict[str, Any] = {
     "object": dict,
@@ -27,11 +28,11 @@ _TYPES: dict[str, Any] = {
 
 
 # results.json schemas by their `schema` value: a study's, and a ladder's (`--preset ladder`)
-SCHEMA_FILES = {"poslens.study/2": "schema.json", LADDER_SCHEMA: "ladder_schema.json"}
+SCHEMA_FILES = {SCHEMA: "schema.json", LADDER_SCHEMA: "ladder_schema.json"}
 
 
 @cache
-def results_schema(name: str = "poslens.study/2") -> dict[str, Any]:
+def results_schema(name: str = SCHEMA) -> dict[str, Any]:
     """A results.json schema shipped with poslens (a study's by default)."""
     text = resources.files("poslens.study").joinpath(SCHEMA_FILES[name]).read_text()
     schema: dict[str, Any] = json.loads(text)
@@ -115,7 +116,7 @@ def check_results(results: Any, source: str = "results.json") -> None:
     """UserError naming the first schema violation of a results document (checked against the
     schema it names, a study's where it names none that poslens knows)."""
     name = results.get("schema") if isinstance(results, dict) else None
-    schema = results_schema(name if name in SCHEMA_FILES else "poslens.study/2")
+    schema = results_schema(name if name in SCHEMA_FILES else SCHEMA)
     err = schema_error(results, schema, schema)
     if err is not None:
         raise UserError(f"{source} does not follow the results schema {schema['$id']}: {err}")

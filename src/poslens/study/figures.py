@@ -14,7 +14,7 @@ from poslens.experiments import windows as windows_exp
 from poslens.experiments.sae_causal import result as sae_exp
 from poslens.io import atomic_write
 from poslens.study.config import StudyConfig
-from poslens.study.verdicts import CLAIMS_FIGURE
+from poslens.study.verdicts import CLAIMS_FIGURE, DESCRIPTIVE
 
 Agg = dict[str, dict[str, Any]]  # headline key -> {"mean", "se", "n", "values"}
 
@@ -52,7 +52,7 @@ def position_removal(models: dict[str, Agg]) -> Figure | None:
     ax = fig.subplots()
     width = 0.8 / max(1, len(models))
     for i, (m, agg) in enumerate(models.items()):
-        ns = pr.random_counts(agg)  # the first count that ran, as before
+        ns = pr.random_counts(agg)  # the smallest random-plane count the headline holds
         rnd = pr.random_condition(ns[0]) if ns else "random"
         keys = [pr.key(rnd if c == "random" else c, "accuracy") for c in conds]
         vals = [_get(agg, k, 100) for k in keys]
@@ -153,7 +153,7 @@ def claims_at_a_glance(claims: list[dict[str, Any]]) -> Figure | None:
             if lo is not None and hi is not None and np.isfinite(lo) and np.isfinite(hi):
                 ax.plot([lo, hi], [yi, yi], color=color, lw=2, alpha=0.7)
             ax.plot([mean], [yi], marker=marker, color=color, ms=5)
-        if c["verdict"] != "descriptive":
+        if c["verdict"] != DESCRIPTIVE:
             ax.axvline(c["primary"]["threshold"], color="grey", ls="--", lw=1)
         ref = c.get("reference") or {}
         if ref.get("comparable") and ref.get("effect") is not None:

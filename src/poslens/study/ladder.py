@@ -44,6 +44,7 @@ from poslens.study.ladder_figures import AXES, ladder_figures
 from poslens.study.plan import experiment_configs, run_config
 from poslens.study.run import environment, run_study
 from poslens.study.slurm import SlurmOptions
+from poslens.study.verdicts import DESCRIPTIVE
 from poslens.training.config import PRESETS as MODEL_PRESETS
 from poslens.training.config import preset as model_preset
 
@@ -362,7 +363,7 @@ def ladder_results(cfg: LadderConfig, rung_results: dict[str, dict[str, Any]]) -
         claims.append({
             "id": cl["id"], "claim": cl["claim"], "level": cl["level"],
             "level_name": cl["level_name"], "title": cl["title"],
-            "effect": cl["primary"]["effect"], "descriptive": cl["verdict"] == "descriptive",
+            "effect": cl["primary"]["effect"], "descriptive": cl["verdict"] == DESCRIPTIVE,
             "reference": cl.get("reference"),
             "rungs": {r.name: _rung_claim(rung_results[r.name]["claims"][j]) for r in cfg.rungs},
         })  # fmt: skip

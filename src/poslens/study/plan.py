@@ -203,20 +203,14 @@ def make_plan(
     return Plan(cfg, out, device, n_jobs, threads, tuple(runs))
 
 
-def in_situ_edits(cfg: StudyConfig, run: RunPlan) -> dict[str, tuple[str, ...]]:
-    """The in-situ controls a study model gets: edit -> the experiments its rules read, for
-    each rule that judges the model (a trained model: one of the rule's study models, and the
-    edit applies to its config; a pretrained model: every rule, the edit's fit is checked when
-    the weights are loaded)."""
-    return {edit: exps for edit, (exps, *_) in _in_situ_reads(cfg, run).items()}
-
-
 def _in_situ_reads(
     cfg: StudyConfig, run: RunPlan
 ) -> dict[str, tuple[tuple[str, ...], tuple[str, ...], bool, bool, bool]]:
-    """edit -> (the experiments, the position_removal kinds, whether a condition's RPI numbers,
-    whether any probe or SSDC of position_removal, whether any number under RPI) the rules
-    judging it read."""
+    """The in-situ controls a study model gets: edit -> (the experiments, the position_removal
+    kinds, whether a condition's RPI numbers, whether any probe or SSDC of position_removal,
+    whether any number under RPI) the rules judging it read. A rule judges a trained model that
+    is one of its study models, where the edit applies to its config; it judges a pretrained
+    model always, the edit's fit checked when the weights are loaded."""
     from poslens.experiments.position_removal import KINDS
     from poslens.study.claims import RULES  # the rules read the experiments, not the plan
 

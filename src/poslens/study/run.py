@@ -35,9 +35,8 @@ from poslens.study.executor import Executor
 from poslens.study.judge import evaluate_claims
 from poslens.study.plan import Plan, make_plan
 from poslens.study.pool import execute, make_executor
+from poslens.study.schema import SCHEMA
 from poslens.study.slurm import SlurmOptions, SubmititPool
-
-SCHEMA = "poslens.study/2"
 
 
 def run_study(

@@ -392,10 +392,6 @@ TOP_MINUS_NULL_ACCURACY = "top_minus_null_accuracy"
 TOP_RANK = "top_rank"  # the top unit's rank among all units by held-out margin excess (1 = first)
 N_IMAGES = "n"  # held-out images
 N_UNITS = "units"  # units the null averages over
-HELD_OUT_STATS = (
-    EXCESS, EXCESS_ACCURACY, NULL_EXCESS, NULL_EXCESS_ACCURACY, TOP_MINUS_NULL,
-    TOP_MINUS_NULL_ACCURACY,
-)  # fmt: skip
 
 
 def se_key(name: str) -> str:

@@ -1,81 +1,32 @@
-"""The readout: what a model does under a condition, measured on the evaluation images.
+"""measure(): what a model does under a condition, on the evaluation images.
 
-`measure` runs the images through the model under a condition and returns a Readout: per-image
+It runs the images through the model under a condition and returns a Readout: per-image
 correctness and correct-class margin, SSDC per site (clean and under RPI, raw and normalised
-residual), and position probes at chosen sites. `reference` measures the intact baseline and the
-all-position-removed floor (once per model, images and settings where given a ReferenceCache);
-`summarise` states a condition against both.
-
-Sites: "block b" is the residual entering block b (b = 0 is the embedded input) and the last
-site, labelled "out", is the residual after the final block. The raw residual is
-`blocks.b.hook_resid_pre`; the normalised one is the block's attention input `blocks.b.ln1`
-(`ln_final` for "out"). Probes read the normalised residual. Prefix tokens are always excluded.
+residual), and position probes at chosen sites (read on the normalised residual; prefix tokens are
+always excluded).
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
-import hashlib
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import torch
 
 from poslens import distributed
-from poslens.data import Task
 from poslens.distributed import gather, in_order, shard
-from poslens.errors import UserError
-from poslens.experiments.conditions import Condition, floor_condition, intact
+from poslens.experiments.conditions import Condition, intact
 from poslens.experiments.config import ExperimentConfig
+from poslens.experiments.readout.sites import check_site, site_names
 from poslens.interventions import rpi
-from poslens.metrics import SSDC, PairedDiff, correct_class_margin, paired_diff, retention
-from poslens.metrics.probes import TARGETS, PositionProbes, ProbeResult, fit_probes
-from poslens.models import hooks
+from poslens.metrics import SSDC, correct_class_margin
+from poslens.metrics.probes import PositionProbes, ProbeResult, fit_probes
 from poslens.models.vit import ViT
 from poslens.precision import autocast, full_precision
-
-
-def needs_classifier(model: ViT, why: str) -> str | None:
-    """applies() of an experiment that needs accuracy or margins: the reason it cannot run on a
-    backbone without classifier head (num_classes=0, e.g. DINOv3), else None."""
-    if model.cfg.num_classes == 0:
-        return f"the model has no classifier head (num_classes=0) and {why}"
-    return None
-
-
-def site_labels(model: ViT) -> list[str]:
-    """'0', '1', ..., 'out': the residual sites, in depth order."""
-    return [str(b) for b in range(model.cfg.depth)] + ["out"]
-
-
-def site_names(model: ViT) -> tuple[list[str], list[str]]:
-    """Hook names of the raw and the normalised residual at every site."""
-    d = model.cfg.depth
-    raw = [hooks.resid_pre(b) for b in range(d)] + [hooks.resid_post(d - 1)]
-    norm = [hooks.normalized(b) for b in range(d)] + [hooks.FINAL_NORM]
-    return raw, norm
-
-
-def check_site(model: ViT, site: int) -> int:
-    n = model.cfg.depth + 1
-    if not 0 <= site < n:
-        raise UserError(f"site {site} out of range: this model has sites 0..{n - 1} ({n - 1}=out)")
-    return site
-
-
-def eval_images(data: Task, cfg: ExperimentConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """The first cfg.n_images images and labels of the configured split."""
-    x, y = data.split(cfg.split)
-    if len(x) < cfg.n_images:
-        raise UserError(
-            f"the {cfg.split} split has {len(x)} images, fewer than analysis.n_images={cfg.n_images}"
-        )
-    return x[: cfg.n_images], y[: cfg.n_images]
-
 
 # The precision of each batch's [T, T] products in SSDC (offsets from the mean direction in
 # float32, the rest and the running sum in float64: metrics.ssdc): about 2.7x faster than float64
@@ -83,10 +34,6 @@ def eval_images(data: Task, cfg: ExperimentConfig) -> tuple[torch.Tensor, torch.
 SSDC_DTYPE = torch.float32
 
 PROBE_KINDS = ("refit", "fixed", "refit_rpi", "fixed_rpi")
-# ConditionResult's field for each kind of probe readout
-PROBE_FIELDS = {
-    "refit": "probe", "fixed": "probe_fixed", "refit_rpi": "probe_rpi", "fixed_rpi": "probe_fixed_rpi"
-}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -440,254 +387,3 @@ def _read_fixed(
         which = [fixed.sites.index(sites[i]) for i in covered]
         out[covered] = probes.score(feats[covered], which)
     return out
-
-
-def choose_probe_site(base: Readout) -> int:
-    """The site where the baseline position probes peak (mean over targets, chance-corrected);
-    among sites within half a point of the best, the one with the highest RPI-SSDC."""
-    assert base.probes is not None
-    acc, chance = base.probes.test_acc, np.array(base.probes.chance)
-    score = ((acc - chance) / (1 - chance)).mean(axis=1)  # [sites]
-    near = np.flatnonzero(score >= score.max() - 0.005)
-    sites = np.array(base.probe_sites)[near]
-    return int(sites[np.argmax(base.ssdc_rpi[sites])])
-
-
-def compare(cond: Readout, base: Readout) -> dict[str, PairedDiff]:
-    """Accuracy and margin differences (condition - baseline), paired over the same images."""
-    return {
-        "accuracy": paired_diff(cond.correct.astype(float), base.correct.astype(float)),
-        "margin": paired_diff(cond.margin, base.margin),
-    }
-
-
-@dataclass(frozen=True)
-class ConditionResult:
-    """One condition against the intact baseline and the all-position-removed floor.
-
-    d_accuracy / d_margin: condition - baseline, paired over the same images. probe: test
-    accuracy [3] (exact, row, col) at the probe site of probes refitted on the condition;
-    probe_fixed: the intact model's probes read on it; *_rpi: the same under RPI. retention: per
-    metric, (condition - floor) / (baseline - floor), NaN where baseline equals the floor.
-    """
-
-    name: str
-    meta: dict[str, Any]
-    accuracy: float
-    margin: float
-    d_accuracy: PairedDiff
-    d_margin: PairedDiff
-    ssdc_rpi: np.ndarray  # [sites]
-    probe: np.ndarray | None  # [3] at the probe site, refitted
-    retention: dict[str, float]
-    probe_fixed: np.ndarray | None = None  # [3] the intact model's probes
-    probe_rpi: np.ndarray | None = None  # [3] refitted under RPI
-    probe_fixed_rpi: np.ndarray | None = None  # [3] the intact model's RPI probes
-
-    def row(self, sites: Sequence[str], probe_site: int) -> dict[str, Any]:
-        """A flat CSV row."""
-        out: dict[str, Any] = {"condition": self.name, **self.meta}
-        out |= {"accuracy": self.accuracy, "d_accuracy": self.d_accuracy.mean}
-        out |= {"d_accuracy_se": self.d_accuracy.se, "margin": self.margin}
-        out |= {"d_margin": self.d_margin.mean, "d_margin_se": self.d_margin.se}
-        for kind, acc in self.probes().items():
-            out |= {
-                f"{kind}_{t}@{sites[probe_site]}": float(a)
-                for t, a in zip(TARGETS, acc, strict=True)
-            }
-        out |= {f"ssdc_rpi@{s}": float(v) for s, v in zip(sites, self.ssdc_rpi, strict=True)}
-        out |= {f"retention_{k}": v for k, v in self.retention.items()}
-        return out
-
-    def probes(self) -> dict[str, np.ndarray]:
-        """The probe readouts this condition has, by field name (probe, probe_fixed, ...)."""
-        fields = PROBE_FIELDS.values()
-        return {f: getattr(self, f) for f in fields if getattr(self, f) is not None}
-
-
-def summarise(
-    name: str,
-    r: Readout,
-    base: Readout,
-    floor: Readout,
-    probe_site: int,
-    meta: dict[str, Any] | None = None,
-) -> ConditionResult:
-    """Condition `r` as differences from `base` and retention between `floor` and `base`."""
-    diffs = compare(r, base)
-    ret = {
-        "accuracy": retention(r.accuracy, base.accuracy, floor.accuracy),
-        "margin": retention(
-            float(r.margin.mean()), float(base.margin.mean()), float(floor.margin.mean())
-        ),
-        "ssdc_probe_site": retention(
-            r.ssdc_rpi[probe_site], base.ssdc_rpi[probe_site], floor.ssdc_rpi[probe_site]
-        ),
-        "ssdc_out": retention(r.ssdc_rpi[-1], base.ssdc_rpi[-1], floor.ssdc_rpi[-1]),
-    }
-    probes: dict[str, np.ndarray] = {}
-    for kind, field in PROBE_FIELDS.items():
-        if not (r.has_probes(probe_site, kind) and floor.has_probes(probe_site, kind)):
-            continue
-        acc, f = r.probe_at(probe_site, kind), floor.probe_at(probe_site, kind)
-        # the intact model read by the fixed probes is its own refit where it was not read so
-        b = base.probe_at(
-            probe_site,
-            kind if base.has_probes(probe_site, kind) else kind.replace("fixed", "refit"),
-        )
-        probes[field] = acc
-        ret |= {f"{field}_{t}": retention(acc[j], b[j], f[j]) for j, t in enumerate(TARGETS)}
-    return ConditionResult(
-        name=name,
-        meta=meta or {},
-        accuracy=r.accuracy,
-        margin=float(r.margin.mean()),
-        d_accuracy=diffs["accuracy"],
-        d_margin=diffs["margin"],
-        ssdc_rpi=r.ssdc_rpi,
-        probe=probes.get("probe"),
-        retention={k: float(v) for k, v in ret.items()},
-        probe_fixed=probes.get("probe_fixed"),
-        probe_rpi=probes.get("probe_rpi"),
-        probe_fixed_rpi=probes.get("probe_fixed_rpi"),
-    )
-
-
-@dataclass(frozen=True)
-class Reference:
-    """The intact baseline (probes at every site), the floor, the chosen probe site, and the
-    intact model's probes as the fixed probes every condition is read with."""
-
-    base: Readout
-    floor: Readout
-    probe_site: int
-
-    @property
-    def fixed(self) -> FixedProbes:
-        return self.base.fixed_probes()
-
-
-ReferenceCache = dict[tuple[Any, ...], Readout | Reference]
-"""Baselines and References already measured, by what they depend on (reference_key): several
-experiments of one model measure the same reference (the study's largest shared cost, ~3-5 s each
-at the default size), so the experiments of one run (study.stages.run_one, one `analyze` call)
-pass one cache down to `reference` and `baseline`."""
-
-# ExperimentConfig fields that no reference reads (the random controls' draws); every other field
-# of the shared config is part of the key, so a field added later is keyed until listed here.
-NOT_IN_REFERENCE = frozenset({"draws"})
-
-
-def tensor_digest(tensors: Iterable[tuple[str, torch.Tensor]]) -> str:
-    """A hash of named tensors' names, dtypes, shapes and exact bytes."""
-    h = hashlib.blake2b(digest_size=16)
-    for name, t in tensors:
-        h.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
-        h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
-    return h.hexdigest()
-
-
-def reference_key(
-    model: ViT,
-    images: torch.Tensor,
-    labels: torch.Tensor,
-    cfg: ExperimentConfig,
-    sites: Sequence[int],
-) -> tuple[Any, ...]:
-    """Everything a baseline or Reference depends on: the model (config, weights and buffers,
-    device, mode), the images and labels (their bytes: a model loaded afresh per experiment reads
-    a fresh copy of the same images), the probed sites, and the shared config fields the readouts
-    read (the RPI permutation and probe split follow cfg.seed; no other RNG is drawn from)."""
-    weights = [*model.named_parameters(), *model.named_buffers()]
-    return (
-        repr(model.cfg),
-        tensor_digest(weights),
-        str(model.head.weight.device),
-        model.training,
-        tensor_digest([("images", images), ("labels", labels)]),
-        tuple(sites),
-        tuple(
-            (f.name, getattr(cfg, f.name))
-            for f in dataclasses.fields(ExperimentConfig)
-            if f.name not in NOT_IN_REFERENCE
-        ),
-    )
-
-
-T = TypeVar("T", Readout, Reference)
-
-
-def _cached(cache: ReferenceCache | None, key: tuple[Any, ...], compute: Callable[[], T]) -> T:
-    """compute(), measured once per key of `cache` (without one: every time). The cache keeps its
-    own object and hands out deep copies, so no consumer can change what the next one reads."""
-    if cache is None:
-        return compute()
-    if key not in cache:
-        cache[key] = compute()
-    return copy.deepcopy(cache[key])  # type: ignore[return-value]
-
-
-def baseline(
-    model: ViT,
-    images: torch.Tensor,
-    labels: torch.Tensor,
-    cfg: ExperimentConfig,
-    sites: Sequence[int],
-    cache: ReferenceCache | None = None,
-    clean_ssdc: bool = False,
-) -> Readout:
-    """The intact model probed at `sites` (reference()'s baseline when they are its sites),
-    reused from `cache` where measured before with the same reference_key.
-
-    clean_ssdc: with clean SSDC too, read in the baseline's own clean pass when it is measured
-    here (the cache keeps it without, as every other consumer reads it, and with it for the next
-    such call), else in a clean pass of its own (the same batches: the same numbers)."""
-    key = () if cache is None else ("baseline", reference_key(model, images, labels, cfg, sites))
-    with_clean = ("baseline with clean SSDC", *key[1:])
-    probed = lambda: measure(model, images, labels, cfg, probe_sites=sites,  # noqa: E731
-                             rpi_probes=cfg.rpi_probes)  # fmt: skip
-    if not clean_ssdc:
-        return _cached(cache, key, probed)
-    if cache is not None and with_clean in cache:
-        return _cached(cache, with_clean, probed)  # never measures: the key is there
-    if cache is not None and key in cache:  # measured before: clean SSDC in a pass of its own
-        clean = measure(model, images, labels, cfg, clean_ssdc=True, rpi_pass=False)
-        return dataclasses.replace(
-            _cached(cache, key, probed),
-            ssdc_clean=clean.ssdc_clean,
-            ssdc_clean_norm=clean.ssdc_clean_norm,
-        )
-    full = measure(model, images, labels, cfg, probe_sites=sites, clean_ssdc=True,
-                   rpi_probes=cfg.rpi_probes)  # fmt: skip
-    if cache is not None:  # its own copies, as _cached keeps one
-        cache[key] = dataclasses.replace(copy.deepcopy(full), ssdc_clean=None, ssdc_clean_norm=None)
-        cache[with_clean] = copy.deepcopy(full)
-    return full
-
-
-def reference(
-    model: ViT,
-    images: torch.Tensor,
-    labels: torch.Tensor,
-    cfg: ExperimentConfig,
-    extra_sites: Sequence[int] = (),
-    cache: ReferenceCache | None = None,
-) -> Reference:
-    """Measure the baseline and the floor; pick the probe site unless cfg.probe_block fixes it.
-
-    extra_sites: further sites where the baseline is probed too (e.g. downstream of an edit).
-    cache: the Reference (or its baseline) measured before with the same reference_key is reused.
-    """
-    fixed = cfg.probe_block >= 0
-    sites = [check_site(model, cfg.probe_block)] if fixed else range(model.cfg.depth + 1)
-    sites = sorted({*sites, *extra_sites})
-    key = () if cache is None else reference_key(model, images, labels, cfg, sites)
-
-    def measured() -> Reference:
-        base = baseline(model, images, labels, cfg, sites, cache=cache)  # its ("baseline", key)
-        site = cfg.probe_block if fixed else choose_probe_site(base)
-        floor = measure(model, images, labels, cfg, floor_condition(model), [site],
-                        fixed=base.fixed_probes(), rpi_pass=cfg.rpi_probes)  # fmt: skip
-        return Reference(base, floor, site)
-
-    return _cached(cache, ("reference", key), measured)
