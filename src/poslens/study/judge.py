@@ -15,9 +15,12 @@ level. The verdict, in order:
 - not supported (not observed in these models): a study model's one-sided upper bound lies below
   the smallest effect the rule is known to detect (the smaller of the threshold and the positive
   controls' lower bounds);
-- otherwise inconclusive (no power), with the numbers.
+- otherwise inconclusive (no power), with the numbers and the seeds that would decide it.
 
-Every verdict names the models it describes (encoding, width, depth, heads, grid).
+The last four come from `replication.decide`, which also decides every replication draw; a
+supported, not supported or failed-calibration verdict that fresh seed sets would not replicate
+(replication.STABLE) reads inconclusive (fragile). Every level states its threshold's source and
+its power at the run's seeds (study/power.py). Every verdict names the models it describes (encoding, width, depth, heads, grid).
 """
 
 from __future__ import annotations
