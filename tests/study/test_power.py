@@ -142,3 +142,20 @@ def test_no_power_names_the_seeds_that_would_decide() -> None:
     assert c["verdict"] == INCONCLUSIVE and c["qualifier"] == NO_POWER
     n = c["power"]["seeds_needed"]
     assert n is not None and n > 5 and f"--seeds {n}" in c["summary"]
+
+
+def test_the_default_runs_each_experiment_on_what_the_claims_read() -> None:
+    """The default preset's `only` is derived from the rules: every model a rule reads through an
+    experiment runs it, and no other (the depth profile on the study models, for the report)."""
+    from poslens.study import preset
+    from poslens.study.claims import models_read
+    from poslens.study.config import STUDY_MODELS
+
+    cfg = preset("default")
+    only = dict(item.split("=") for item in cfg.only)
+    for exp, models in only.items():
+        want = set(models_read(exp)) & set(cfg.models)
+        if exp == "depth_profile":
+            want |= set(STUDY_MODELS)
+        assert set(models.split(",")) == want, exp
+    assert only["sae_causal"] == "ape,ape_rowcol,ape_cell,ape_shuffled"

@@ -12,6 +12,7 @@ from poslens._config import ANALYSIS_PRECISIONS, AUTO, experiment_sets, one_of, 
 from poslens.errors import ConfigError
 from poslens.experiments import EXPERIMENTS
 from poslens.limits import check_count
+from poslens.study.claims import models_read
 from poslens.training.config import PRESETS as MODEL_PRESETS
 
 PRESETS = ("quick", "default", "paper")
@@ -229,15 +230,18 @@ CALIBRATION_MODELS = (
     "rope_rebuild",
     "rope_late",
 )
-# Which models each experiment runs on in the default preset: what the claims and report read.
-DEFAULT_ONLY = (
-    "depth_profile=ape,rope_axial,rope_mixed",
-    "position_removal=ape,rope_axial,rope_mixed,ape_rowcol,ape_shuffled,rope_oblique,rope_rebuild",
-    "axis_map=rope_axial,rope_mixed,rope_oblique,rope_rebuild",
-    "windows=rope_axial,rope_mixed,rope_rebuild,rope_late",
-    "heads=rope_axial,rope_rebuild,rope_late",
-    "sae_causal=ape,ape_rowcol,ape_cell,ape_shuffled",
-)
+
+
+def claims_only(models: tuple[str, ...], experiments: tuple[str, ...]) -> tuple[str, ...]:
+    """`only` entries running each experiment on the models some claim reads through it (in the
+    preset's model order), and the depth profile on the study models (the report draws it)."""
+    out = []
+    for e in experiments:
+        read = set(models_read(e)) | (set(STUDY_MODELS) if e == "depth_profile" else set())
+        out.append(f"{e}={','.join(m for m in models if m in read)}")
+    return tuple(out)
+
+
 # The default preset's model and training (docs/study.md, "How the default was chosen"): width 32,
 # 4 blocks, 24 px images (a 6 x 6 grid), lr 6e-3 under a cosine over at most 2,000 steps, stopped
 # once validation accuracy reaches 90% at two evaluations in a row (the long high-learning-rate
@@ -318,7 +322,7 @@ def preset(name: str, **changes: Any) -> StudyConfig:
             n_images=150,
             probe_images=100,
             batch_size=150,
-            only=DEFAULT_ONLY,
+            only=claims_only((*STUDY_MODELS, *CALIBRATION_MODELS), CORE),
         )  # fmt: skip
     elif changes.get("pretrained"):  # the original study itself: pretrained ViT-Bs, on a GPU
         cfg = StudyConfig(

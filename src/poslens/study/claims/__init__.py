@@ -18,5 +18,22 @@ from poslens.study.claims.base import (
 RULES: tuple[Rule, ...] = (*ape.RULES, *split.RULES, *rebuild.RULES, *heads.RULES, *position.RULES)
 CLAIMS = tuple(dict.fromkeys(r.claim for r in RULES))  # the claims, in order
 
-__all__ = ["CLAIMS", "EACH", "LEVELS", "ORIGINAL", "RULES", "SHARPER", "Control", "Effect", "Rule",
-           "View"]  # fmt: skip
+
+def models_read(experiment: str) -> tuple[str, ...]:
+    """The trained models whose numbers some claim reads through `experiment` (study models and
+    trained controls, in rule order): what a study must run it on."""
+    return tuple(dict.fromkeys(m for r in RULES if experiment in r.reads for m in r.models))
+
+__all__ = [
+    "CLAIMS",
+    "EACH",
+    "LEVELS",
+    "ORIGINAL",
+    "RULES",
+    "SHARPER",
+    "Control",
+    "Effect",
+    "Rule",
+    "View",
+    "models_read",
+]  # fmt: skip
