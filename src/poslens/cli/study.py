@@ -74,9 +74,13 @@ def cmd_study(args: argparse.Namespace) -> int:
         jobs=args.jobs,
         slurm=_slurm_options(args),
     )
-    print(f"{'claim':<58} verdict")
+    from poslens.report.claims import verdict_label
+
+    print(f"{'claim':<48} {'level':<9} verdict (replication on fresh seed sets)")
     for c in results["claims"]:
-        print(f"{c['title'][:57]:<58} {c['verdict']}")
+        rep = (c.get("replication") or {}).get("probability")
+        same = "" if rep is None else f" ({rep:.0%})"
+        print(f"{c['title'][:47]:<48} {c['level']:<9} {verdict_label(c)}{same}")
     total = results["timings"]["total_seconds"]
     print(f"results in {args.out} (report.html, report.md, results.json) after {total:.0f}s")
     return 0

@@ -95,9 +95,10 @@ class Power:
 
     def text(self) -> str:
         """'detects >= 0.18 at 5 seeds (alpha 0.0125, 80% power, pooled sd 0.09)'."""
+        seeds = f"{self.seeds} seed{'s' * (self.seeds != 1)}"
         if not math.isfinite(self.mde):
-            return f"no spread to compute power from at {self.seeds} seeds"
-        out = (f"detects >= {self.mde:.3g} at {self.seeds} seeds (threshold {self.threshold:g}; "
+            return f"no spread to compute power from at {seeds}"
+        out = (f"detects >= {self.mde:.3g} at {seeds} (threshold {self.threshold:g}; "
                f"alpha {self.alpha:.3g}, {POWER:.0%} power, pooled sd {self.sd:.3g})")  # fmt: skip
         if self.needed:
             parts = [f"{m}: {'more than ' + str(MAX_SEEDS) if n is None else n}"
