@@ -371,6 +371,17 @@ def read_metadata(path: Path) -> dict[str, str]:
     return meta
 
 
+def check_float_weights(tensors: dict[str, torch.Tensor], source: str) -> None:
+    """Refuse weights stored as integers or booleans (int32 weights would load as silently cast
+    floats): the first such tensor is named."""
+    for k, v in tensors.items():
+        if not v.is_floating_point():
+            raise CheckpointError(
+                f"{source}: tensor {k} is {str(v.dtype).removeprefix('torch.')}; weights must be "
+                "floating point (float32, float16, bfloat16 or float64)"
+            )
+
+
 def check_state_dict(
     state: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], source: str
 ) -> None:
@@ -381,6 +392,7 @@ def check_state_dict(
         raise CheckpointError(f"{source} is missing tensor {missing[0]} ({len(missing)} missing)")
     if extra:
         raise CheckpointError(f"{source} has unexpected tensor {extra[0]} ({len(extra)} extra)")
+    check_float_weights({k: v for k, v in state.items() if expected[k].is_floating_point()}, source)
     for k, v in state.items():
         if v.shape != expected[k].shape:
             raise CheckpointError(
