@@ -9,6 +9,11 @@ class ConfigError(UserError):
     """A configuration field has a bad value; the message names the field."""
 
 
+class ArgumentError(UserError, ValueError):
+    """A Python API argument has the wrong type or value; the message names the argument. Also a
+    ValueError, so code that catches the built-in error for a bad argument still does."""
+
+
 class CheckpointError(UserError):
     """A checkpoint is missing, corrupt, unsafe (pickle) or does not fit the model."""
 
