@@ -212,11 +212,11 @@ def read_resume_state(
 
 def has_resume_state(out: Path, cfg: RunConfig, resume: bool) -> bool:
     """Whether `out` holds a run to continue; refuses a different config, or a run without
-    `resume`. Removes the temp files that a killed atomic write may have left."""
-    if resume:
-        for name in (CONFIG, WEIGHTS, STATE, METRICS):
-            for tmp in out.glob(f".{name}.*.tmp"):
-                tmp.unlink(missing_ok=True)
+    `resume`. Removes the temp files that a killed atomic write may have left, on every run (a
+    run killed while writing its first config.json is rerun without --resume)."""
+    for name in (CONFIG, WEIGHTS, STATE, METRICS):
+        for tmp in out.glob(f".{name}.*.tmp"):
+            tmp.unlink(missing_ok=True)
     if resume and (out / STATE).is_file():
         saved = read_json(out / CONFIG, "checkpoint config", MAX_CONFIG_BYTES)
         if isinstance(saved, dict):

@@ -30,6 +30,11 @@ class LimitError(UserError):
     """A size or count beyond what this machine can hold or finish; the message gives the estimate."""
 
 
+class DataWarning(UserWarning):
+    """Input used with a caveat the user should know (entries of an image folder skipped); the
+    CLI prints it as one `poslens: warning:` line."""
+
+
 class WorkerLost(Exception):
     """A worker process or cluster job ended without its result (killed, out of memory) and again
     when rerun. Not the user's input: one line and exit code 1; the work it saved is kept."""

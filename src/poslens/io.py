@@ -130,7 +130,8 @@ def locked(out: Path, command: str) -> Iterator[None]:
     a killed run leaves no stale lock. At the end the lock file is removed while still held (so no
     one can take it in between), and so is the folder when this call created it and nothing else
     was written there: a command refused before its first write leaves no trace, and a finished
-    checkpoint folder can be copied without a lock file in it."""
+    checkpoint folder can be copied without a lock file in it. The temporary files a killed
+    write left directly in `out` are removed once the lock is held (sweep_temp_files)."""
     try:
         import fcntl
     except ImportError:  # not POSIX: no lock
@@ -153,6 +154,7 @@ def locked(out: Path, command: str) -> Iterator[None]:
             ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()} {command}\n".encode(), 0)
+        sweep_temp_files(out)  # the holder owns the folder: a killed run's leftovers go
         try:
             yield
         finally:
