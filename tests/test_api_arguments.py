@@ -173,3 +173,14 @@ def test_float_weights_of_any_precision_load(ck: Path, tmp_path: Path, dtype: to
     state = {k: v.to(dtype) for k, v in load_tensors(ck / "model.safetensors").items()}
     save_tensors(other / "model.safetensors", state, read_metadata(ck / "model.safetensors"))
     assert poslens.load(other).head.weight.dtype == torch.float32
+
+
+def test_integer_weights_in_a_resume_state_are_refused(tmp_path: Path) -> None:
+    from poslens.checkpoint import read_resume_state, write_checkpoint
+    from poslens.training.config import preset
+
+    weights = dict(tiny("rope_axial").state_dict())
+    weights["head.bias"] = weights["head.bias"].to(torch.int64)
+    write_checkpoint(tmp_path, preset("rope_axial"), 2, [], weights, {})
+    with pytest.raises(CheckpointError, match="tensor head.bias is int64"):
+        read_resume_state(tmp_path)

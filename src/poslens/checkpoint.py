@@ -23,6 +23,7 @@ from poslens.errors import CheckpointError, ConfigError
 from poslens.io import (
     MAX_CONFIG_BYTES,
     MAX_JSON_BYTES,
+    check_float_weights,
     load_tensors,
     parse_json,
     read_json,
@@ -207,6 +208,7 @@ def read_resume_state(
         elif key.startswith("optim::"):
             pname, _, skey = key.removeprefix("optim::").partition("::")
             moments.setdefault(pname, {})[skey] = value
+    check_float_weights(weights, str(out / STATE))
     return step, history, weights, moments
 
 
