@@ -127,3 +127,9 @@ def test_entries_that_are_not_images_are_counted(
     assert main(_folder_train(root, tmp_path / "out")) == 0
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"poslens: warning: {task.summary}"]
+    for p in (root / "a" / "9.png", root / "b" / "loop.png", root / "b" / "fifo.jpg"):
+        p.rmdir() if p.is_dir() else p.unlink()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a file of another kind alone is counted, not warned
+        task = build_task(DataConfig(task="folder", path=str(root), image_size=16))
+    assert task.summary.endswith("skipped 1 entry (b/notes.txt is not an image file)")

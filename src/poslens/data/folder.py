@@ -63,9 +63,10 @@ def skipped_note(root: Path, skipped: list[tuple[Path, str]], images: int, class
 
 
 def warn_skipped(task: FolderTask | PretrainedFolderTask) -> None:
-    """One DataWarning with the folder's summary when entries were skipped (the CLI prints it as
-    one `poslens: warning:` line)."""
-    if task.skipped:
+    """One DataWarning with the folder's summary when an entry named like an image was skipped (a
+    folder, a link loop, a FIFO: images the user may think are used; the CLI prints it as one
+    `poslens: warning:` line). Other files (notes.txt) are counted in the summary only."""
+    if any(p.suffix.lower() in IMAGE_SUFFIXES for p, _ in task.skipped):
         warnings.warn(task.summary, DataWarning, stacklevel=3)
 
 
