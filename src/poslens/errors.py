@@ -1,5 +1,8 @@
 """Errors a user can cause. Each carries a one-line message; only the CLI turns them into exit code 2."""
 
+import sys
+from typing import TextIO
+
 
 class UserError(Exception):
     """A problem with the user's input (config, file, index), reported as one line."""
@@ -38,3 +41,18 @@ class DataWarning(UserWarning):
 class WorkerLost(Exception):
     """A worker process or cluster job ended without its result (killed, out of memory) and again
     when rerun. Not the user's input: one line and exit code 1; the work it saved is kept."""
+
+
+def show_warning_line(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: TextIO | None = None,
+    line: str | None = None,
+) -> None:
+    """warnings.showwarning for poslens's own processes (the CLI, study workers): one
+    `poslens: warning:` line on stderr, without the source line Python shows after it (a raw
+    `warnings.warn(` line means nothing to a CLI user)."""
+    kind = "" if issubclass(category, DataWarning) else f" ({category.__name__})"
+    print(f"poslens: warning: {' '.join(str(message).split())}{kind}", file=file or sys.stderr)

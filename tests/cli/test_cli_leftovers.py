@@ -133,3 +133,19 @@ def test_entries_that_are_not_images_are_counted(
         warnings.simplefilter("error")  # a file of another kind alone is counted, not warned
         task = build_task(DataConfig(task="folder", path=str(root), image_size=16))
     assert task.summary.endswith("skipped 1 entry (b/notes.txt is not an image file)")
+
+
+def test_any_warning_in_a_command_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A library's warning (Pillow's, torch's) during a command: one `poslens: warning:` line
+    naming its kind, without Python's second line (the source of the warnings.warn call)."""
+    import poslens.cli.parser
+
+    def warns(_args: object) -> int:
+        warnings.warn("something\n  odd", UserWarning, stacklevel=1)
+        return 0
+
+    monkeypatch.setattr(poslens.cli.parser, "cmd_report", warns)
+    assert main(["report", "anywhere"]) == 0
+    assert capsys.readouterr().err == "poslens: warning: something odd (UserWarning)\n"

@@ -7,10 +7,9 @@ from __future__ import annotations
 import sys
 import warnings
 from collections.abc import Sequence
-from typing import TextIO
 
 from poslens.cli.parser import _Parser, build_parser
-from poslens.errors import DataWarning, UserError, WorkerLost
+from poslens.errors import UserError, WorkerLost, show_warning_line
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -27,7 +26,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 args.device = resolve_device(args.device)
             check_device(args.device, here=here)
         with warnings.catch_warnings():  # restored after the command (main runs in tests too)
-            warnings.showwarning = _one_line_warning
+            warnings.showwarning = show_warning_line
             return int(args.fn(args))
     except UserError as e:
         print(f"poslens: error: {' '.join(str(e).split())}", file=sys.stderr)
@@ -39,20 +38,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"poslens: interrupted ({INTERRUPTED.get(args.command, '')})", file=sys.stderr)
         return 130
-
-
-def _one_line_warning(
-    message: Warning | str,
-    category: type[Warning],
-    filename: str,
-    lineno: int,
-    file: TextIO | None = None,
-    line: str | None = None,
-) -> None:
-    """A warning during a command as one `poslens: warning:` line on stderr, without the source
-    line Python shows after it (a raw `warnings.warn(` line means nothing to a CLI user)."""
-    kind = "" if issubclass(category, DataWarning) else f" ({category.__name__})"
-    print(f"poslens: warning: {' '.join(str(message).split())}{kind}", file=file or sys.stderr)
 
 
 # What an interrupted command leaves, and how to continue: only train takes --resume.
