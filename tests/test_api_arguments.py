@@ -68,6 +68,13 @@ def table(ck: Path) -> list[tuple[str, Callable[[], object], str]]:
         ("residual long", lambda: rope(torch.zeros(2, 17, 32, dtype=torch.long), start_at=1),
          "x must be a floating-point tensor"),
         ("images at start_at", lambda: rope(x, start_at=1), "start_at=1 needs a residual"),
+        ("residual block str", lambda: rope.residual(x, "1"), "block must be an integer, got str"),
+        ("residual block 0", lambda: rope.residual(x, 0), "block must be in 1..2, got 0"),
+        # saving and loading
+        ("save model", lambda: poslens.save("model", ck.parent / "s"), "model must be a poslens ViT"),
+        ("save folder", lambda: poslens.save(rope, 5), "folder must be a path, got int"),
+        ("save data", lambda: poslens.save(rope, ck.parent / "s", data={}), "data must be a DataConfig"),
+        ("load_task spec", lambda: poslens.load_task(None), "spec must be a checkpoint folder"),
         # seeds
         ("build seed str", lambda: build_model(cfg, seed="x"), "seed must be an integer, got str"),
         ("build seed -1", lambda: build_model(cfg, seed=-1), "seed must be in 0.."),

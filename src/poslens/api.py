@@ -128,6 +128,14 @@ def save(model: ViT, folder: str | Path, data: DataConfig | None = None) -> Path
     from poslens._version import __version__
     from poslens.io import save_tensors, write_json
 
+    if not isinstance(model, ViT):
+        raise ArgumentError(f"model must be a poslens ViT, got {type(model).__name__}")
+    if not isinstance(folder, str | Path):
+        raise ArgumentError(f"folder must be a path, got {type(folder).__name__}")
+    from poslens.data import DataConfig
+
+    if data is not None and not isinstance(data, DataConfig):
+        raise ArgumentError(f"data must be a DataConfig or None, got {type(data).__name__}")
     folder = Path(folder)
     config: dict[str, Any] = {"poslens_version": __version__, "model": model.cfg.to_dict()}
     meta = model.cfg.weights_metadata()
@@ -144,6 +152,8 @@ def load_task(spec: str | Path) -> Task:
     from poslens._config import from_dict
     from poslens.data import DataConfig, build_task
 
+    if not isinstance(spec, str | Path):
+        raise ArgumentError(f"spec must be a checkpoint folder, got {type(spec).__name__}")
     path = Path(spec)
     folder = path if path.is_dir() else path.parent
     raw = read_json(folder / CONFIG, "checkpoint config", MAX_CONFIG_BYTES)

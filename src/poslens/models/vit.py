@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from poslens._config import seed_argument
+from poslens._config import int_argument, seed_argument
 from poslens.errors import ArgumentError, UserError
 from poslens.models import hooks
 from poslens.models.attention import softmax_attention
@@ -296,8 +296,7 @@ class ViT(HookedModule):
     def residual(self, x: torch.Tensor, block: int) -> torch.Tensor:
         """Images [B, C, H, W] -> the residual [B, T, D] entering block `block` (blocks
         0..block-1 run, with their hooks), for `forward(..., start_at=block)`."""
-        if not 0 < block <= self.cfg.depth:
-            raise ValueError(f"block {block} is not in 1..{self.cfg.depth}")
+        int_argument("block", block, 1, self.cfg.depth)
         x, (gh, gw) = self.embed(x)
         return self._blocks(x, gh, gw, 0, block)
 
