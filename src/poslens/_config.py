@@ -7,7 +7,7 @@ import typing
 from collections.abc import Sequence
 from typing import Any
 
-from poslens.errors import ConfigError
+from poslens.errors import ArgumentError, ConfigError
 
 # Analysis precisions: fp32, bf16 / fp16 forward passes under torch.autocast, or AUTO: bf16 where
 # the device runs it natively (AVX512-BF16 / AMX CPUs, Ampere+ GPUs), else fp32, resolved per run
@@ -143,4 +143,51 @@ def experiment_sets(items: Sequence[str], what: str) -> dict[str, dict[str, str]
         if not eq or not dot or not exp or not fld:
             raise ConfigError(f"{what} expects EXPERIMENT.FIELD=VALUE, got {item!r}")
         out.setdefault(exp, {})[fld] = value
+    return out
+
+
+# ------------------------------------------------------------------------------ API arguments
+# The Python API checks what a user passes where it is passed: ArgumentErrors naming the argument,
+# never a torch error from deep inside a forward pass.
+
+
+def int_argument(name: str, value: Any, low: int = 0, high: int = MAX_INT) -> int:
+    """An integer argument (int, numpy integer or a 0-d integer tensor; not a bool, float or
+    string) in [low, high], as an int."""
+    import numbers
+
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        item = getattr(value, "item", None)  # a 0-d integer tensor or array
+        dtype = str(getattr(value, "dtype", ""))
+        if item is None or getattr(value, "ndim", 1) != 0 or "int" not in dtype:
+            raise ArgumentError(
+                f"{name} must be an integer, got {type(value).__name__} {short_repr(value)}"
+            )
+        value = item()
+    value = int(value)
+    if not low <= value <= high:
+        span = f"at least {low}" if high == MAX_INT else f"in {low}..{high}"
+        raise ArgumentError(f"{name} must be {span}, got {value}")
+    return value
+
+
+def seed_argument(name: str, value: Any) -> int:
+    """A seed: a non-negative integer below 2**64 (what torch.manual_seed takes)."""
+    return int_argument(name, value, 0, 2**64 - 1)
+
+
+def index_arguments(name: str, values: Any, n: int, what: str, of: str = "") -> list[int]:
+    """Indices into n things (blocks, heads, planes): an iterable of integers in 0..n-1 (a lone
+    integer is one index); a string, a float or anything else is refused naming `name`."""
+    if isinstance(values, str | bytes) or values is None:
+        raise ArgumentError(
+            f"{name} must be {what} indices (a list of integers), got {short_repr(values)}"
+        )
+    if not hasattr(values, "__iter__") or getattr(values, "ndim", 1) == 0:
+        values = [values]
+    out = [int_argument(f"{name}[{i}]", v, -MAX_INT) for i, v in enumerate(values)]
+    for v in out:
+        if not 0 <= v < n:
+            of = of or f"the model has {n} {what}s"
+            raise ArgumentError(f"{name}: {what} {v} out of range ({of}: 0..{n - 1})")
     return out

@@ -19,7 +19,7 @@ from poslens.checkpoint import (
     data_metadata,
     data_mismatch,
 )
-from poslens.errors import CheckpointError, ConfigError, UserError
+from poslens.errors import ArgumentError, CheckpointError, ConfigError, UserError
 from poslens.io import (
     MAX_CONFIG_BYTES,
     check_state_dict,
@@ -50,6 +50,15 @@ def load(
     The weights must match config.json (their stored model fingerprint) and come from a
     finished training run (checkpoint_status) unless `allow_unfinished`.
     """
+    from poslens.limits import device_argument
+
+    device = device_argument(device)
+    if not isinstance(spec, str | Path):
+        raise ArgumentError(
+            f"spec must be a checkpoint folder, timm:NAME or hf:DIR, got {type(spec).__name__}"
+        )
+    if weights is not None and not isinstance(weights, str | Path):
+        raise ArgumentError(f"weights must be a path or 'hub', got {type(weights).__name__}")
     if isinstance(spec, str) and spec.startswith("timm:"):
         from poslens.models.timm_convert import load_timm
 
@@ -119,6 +128,14 @@ def save(model: ViT, folder: str | Path, data: DataConfig | None = None) -> Path
     from poslens._version import __version__
     from poslens.io import save_tensors, write_json
 
+    if not isinstance(model, ViT):
+        raise ArgumentError(f"model must be a poslens ViT, got {type(model).__name__}")
+    if not isinstance(folder, str | Path):
+        raise ArgumentError(f"folder must be a path, got {type(folder).__name__}")
+    from poslens.data import DataConfig
+
+    if data is not None and not isinstance(data, DataConfig):
+        raise ArgumentError(f"data must be a DataConfig or None, got {type(data).__name__}")
     folder = Path(folder)
     config: dict[str, Any] = {"poslens_version": __version__, "model": model.cfg.to_dict()}
     meta = model.cfg.weights_metadata()
@@ -135,6 +152,8 @@ def load_task(spec: str | Path) -> Task:
     from poslens._config import from_dict
     from poslens.data import DataConfig, build_task
 
+    if not isinstance(spec, str | Path):
+        raise ArgumentError(f"spec must be a checkpoint folder, got {type(spec).__name__}")
     path = Path(spec)
     folder = path if path.is_dir() else path.parent
     raw = read_json(folder / CONFIG, "checkpoint config", MAX_CONFIG_BYTES)
@@ -179,10 +198,12 @@ def load_images(path: str | Path, spec: str, model: ViT, seed: int = 0) -> Task:
     directory from save_to_disk (needs the [hf] extra); for a DatasetDict, "DIR::SPLIT" picks the
     split (default "validation", else "test", else the only one).
     """
+    from poslens._config import seed_argument
     from poslens.data.folder import PretrainedFolderTask
     from poslens.data.hf import PretrainedHFTask, is_hf_dataset
     from poslens.data.preprocess import imagenet_synsets, timm_preprocess
 
+    seed = seed_argument("seed", seed)
     hf = isinstance(spec, str) and spec.startswith("hf:")
     if not (hf or (isinstance(spec, str) and spec.startswith("timm:"))):
         raise UserError(

@@ -23,6 +23,7 @@ from poslens.errors import CheckpointError, ConfigError
 from poslens.io import (
     MAX_CONFIG_BYTES,
     MAX_JSON_BYTES,
+    check_float_weights,
     load_tensors,
     parse_json,
     read_json,
@@ -207,16 +208,17 @@ def read_resume_state(
         elif key.startswith("optim::"):
             pname, _, skey = key.removeprefix("optim::").partition("::")
             moments.setdefault(pname, {})[skey] = value
+    check_float_weights(weights, str(out / STATE))
     return step, history, weights, moments
 
 
 def has_resume_state(out: Path, cfg: RunConfig, resume: bool) -> bool:
     """Whether `out` holds a run to continue; refuses a different config, or a run without
-    `resume`. Removes the temp files that a killed atomic write may have left."""
-    if resume:
-        for name in (CONFIG, WEIGHTS, STATE, METRICS):
-            for tmp in out.glob(f".{name}.*.tmp"):
-                tmp.unlink(missing_ok=True)
+    `resume`. Removes the temp files that a killed atomic write may have left, on every run (a
+    run killed while writing its first config.json is rerun without --resume)."""
+    for name in (CONFIG, WEIGHTS, STATE, METRICS):
+        for tmp in out.glob(f".{name}.*.tmp"):
+            tmp.unlink(missing_ok=True)
     if resume and (out / STATE).is_file():
         saved = read_json(out / CONFIG, "checkpoint config", MAX_CONFIG_BYTES)
         if isinstance(saved, dict):

@@ -1,5 +1,8 @@
 """Errors a user can cause. Each carries a one-line message; only the CLI turns them into exit code 2."""
 
+import sys
+from typing import TextIO
+
 
 class UserError(Exception):
     """A problem with the user's input (config, file, index), reported as one line."""
@@ -7,6 +10,11 @@ class UserError(Exception):
 
 class ConfigError(UserError):
     """A configuration field has a bad value; the message names the field."""
+
+
+class ArgumentError(UserError, ValueError):
+    """A Python API argument has the wrong type or value; the message names the argument. Also a
+    ValueError, so code that catches the built-in error for a bad argument still does."""
 
 
 class CheckpointError(UserError):
@@ -25,6 +33,26 @@ class LimitError(UserError):
     """A size or count beyond what this machine can hold or finish; the message gives the estimate."""
 
 
+class DataWarning(UserWarning):
+    """Input used with a caveat the user should know (entries of an image folder skipped); the
+    CLI prints it as one `poslens: warning:` line."""
+
+
 class WorkerLost(Exception):
     """A worker process or cluster job ended without its result (killed, out of memory) and again
     when rerun. Not the user's input: one line and exit code 1; the work it saved is kept."""
+
+
+def show_warning_line(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: TextIO | None = None,
+    line: str | None = None,
+) -> None:
+    """warnings.showwarning for poslens's own processes (the CLI, study workers): one
+    `poslens: warning:` line on stderr, without the source line Python shows after it (a raw
+    `warnings.warn(` line means nothing to a CLI user)."""
+    kind = "" if issubclass(category, DataWarning) else f" ({category.__name__})"
+    print(f"poslens: warning: {' '.join(str(message).split())}{kind}", file=file or sys.stderr)

@@ -130,7 +130,8 @@ def locked(out: Path, command: str) -> Iterator[None]:
     a killed run leaves no stale lock. At the end the lock file is removed while still held (so no
     one can take it in between), and so is the folder when this call created it and nothing else
     was written there: a command refused before its first write leaves no trace, and a finished
-    checkpoint folder can be copied without a lock file in it."""
+    checkpoint folder can be copied without a lock file in it. The temporary files a killed
+    write left directly in `out` are removed once the lock is held (sweep_temp_files)."""
     try:
         import fcntl
     except ImportError:  # not POSIX: no lock
@@ -153,6 +154,7 @@ def locked(out: Path, command: str) -> Iterator[None]:
             ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()} {command}\n".encode(), 0)
+        sweep_temp_files(out)  # the holder owns the folder: a killed run's leftovers go
         try:
             yield
         finally:
@@ -371,6 +373,17 @@ def read_metadata(path: Path) -> dict[str, str]:
     return meta
 
 
+def check_float_weights(tensors: dict[str, torch.Tensor], source: str) -> None:
+    """Refuse weights stored as integers or booleans (int32 weights would load as silently cast
+    floats): the first such tensor is named."""
+    for k, v in tensors.items():
+        if not v.is_floating_point():
+            raise CheckpointError(
+                f"{source}: tensor {k} is {str(v.dtype).removeprefix('torch.')}; weights must be "
+                "floating point (float32, float16, bfloat16 or float64)"
+            )
+
+
 def check_state_dict(
     state: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], source: str
 ) -> None:
@@ -381,6 +394,7 @@ def check_state_dict(
         raise CheckpointError(f"{source} is missing tensor {missing[0]} ({len(missing)} missing)")
     if extra:
         raise CheckpointError(f"{source} has unexpected tensor {extra[0]} ({len(extra)} extra)")
+    check_float_weights({k: v for k, v in state.items() if expected[k].is_floating_point()}, source)
     for k, v in state.items():
         if v.shape != expected[k].shape:
             raise CheckpointError(

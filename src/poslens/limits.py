@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from poslens._config import MAX_STEPS, MAX_THREADS
-from poslens.errors import ConfigError, LimitError, OutputError, UserError
+from poslens._config import MAX_STEPS, MAX_THREADS, short_repr
+from poslens.errors import ArgumentError, ConfigError, LimitError, OutputError
 
 if TYPE_CHECKING:
     from poslens.data import DataConfig
@@ -337,9 +337,10 @@ def resolve_device(name: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def check_device(name: str, here: bool = True) -> None:
+def check_device(name: str, here: bool = True, flag: str = "--device") -> None:
     """A device torch knows and this machine has: cpu, cuda[:N] with CUDA, mps on Apple.
-    here=False: only the name (the work runs elsewhere, e.g. as SLURM jobs)."""
+    here=False: only the name (the work runs elsewhere, e.g. as SLURM jobs). `flag` names the
+    option or argument in the error."""
     if name in ("cpu", "auto"):
         return
     import torch
@@ -347,26 +348,43 @@ def check_device(name: str, here: bool = True) -> None:
     try:
         dev = torch.device(name)
     except (RuntimeError, ValueError, TypeError):
-        raise UserError(
-            f"--device {name!r} is not a device poslens can use (cpu, cuda, cuda:N, mps or auto)"
+        raise ArgumentError(
+            f"{flag} {name!r} is not a device poslens can use (cpu, cuda, cuda:N, mps or auto)"
         ) from None
     if dev.type not in DEVICE_TYPES:
-        raise UserError(f"--device {name!r}: poslens runs on cpu, cuda or mps, not {dev.type}")
+        raise ArgumentError(f"{flag} {name!r}: poslens runs on cpu, cuda or mps, not {dev.type}")
     if not here:
         return
     if dev.type == "cuda":
         if not torch.cuda.is_available():
-            raise UserError(
-                f"--device {name}: torch {torch.__version__} sees no CUDA GPU on this machine; "
-                "use --device cpu or auto"
+            raise ArgumentError(
+                f"{flag} {name}: torch {torch.__version__} sees no CUDA GPU on this machine; "
+                f"use {flag} cpu or auto"
             )
         if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise UserError(
-                f"--device {name}: this machine has {torch.cuda.device_count()} CUDA GPU(s), "
+            raise ArgumentError(
+                f"{flag} {name}: this machine has {torch.cuda.device_count()} CUDA GPU(s), "
                 f"numbered from 0"
             )
     if dev.type == "mps" and not torch.backends.mps.is_available():
-        raise UserError(f"--device {name}: MPS is not available on this machine; use --device cpu")
+        raise ArgumentError(f"{flag} {name}: MPS is not available on this machine; use {flag} cpu")
+
+
+def device_argument(device: Any) -> str:
+    """The Python API's `device` argument (a string or a torch.device): resolved ("auto") and
+    checked as --device is, an ArgumentError naming `device` where torch would fail later."""
+    import torch
+
+    if isinstance(device, torch.device):
+        device = str(device)
+    if not isinstance(device, str):
+        raise ArgumentError(
+            f"device must be a string such as 'cpu', 'cuda:0' or 'auto', got "
+            f"{type(device).__name__} {short_repr(device)}"
+        )
+    device = resolve_device(device)
+    check_device(device, flag="device")
+    return device
 
 
 def _is_link_loop(path: Path) -> bool:

@@ -88,3 +88,60 @@ def test_bad_folders_raise_one_line_checkpoint_errors(
 def test_missing_folder(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match="SAE folder not found"):
         load_sae(tmp_path / "nope")
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"k": 0}, "k must be a positive whole number, got 0"),
+        ({"k": -4}, "k must be a positive whole number, got -4"),
+        ({"k": 129}, r"k \(129\) must be at most d_sae \(128\)"),
+        ({"d_in": 16.7}, "d_in must be a positive whole number, got 16.7"),
+        ({"d_in": "32"}, "d_in must be a positive whole number, got '32'"),
+        ({"d_sae": True}, "d_sae must be a positive whole number, got True"),
+        ({"d_sae": None}, "d_sae must be a positive whole number"),
+        ({"k": 2**70}, "k must be a positive whole number"),
+        ({"dtype": "int32"}, "dtype must be one of float32"),
+        ({"normalize_activations": "layer_norm"}, "normalize_activations must be one of"),
+        ({"reshape_activations": "hook_z"}, "reshape_activations must be one of none"),
+        ({"include_prefix": "yes"}, "include_prefix must be true or false"),
+        ({"hook_name": 5}, "hook_name must be a hook name"),
+        ({"metadata": [1]}, "metadata must be an object"),
+        ({"poslens_config": {"k": "x"}}, "poslens_config: sae.k must be int"),
+    ],
+)
+def test_invalid_cfg_json_is_refused_naming_file_and_field(
+    saes: list, changes: dict, message: str, tmp_path: Path
+) -> None:
+    """Issue 51: every cfg.json field is checked on load (load_sae and load_sae_config), never
+    truncated (16.7 -> 16) or passed on to torch."""
+    save_sae(saes[0][0], tmp_path / "sae", saes[0][1])
+    cfg = tmp_path / "sae" / "cfg.json"
+    cfg.write_text(json.dumps(json.loads(cfg.read_text()) | changes))
+    for load in (load_sae, load_sae_config):
+        with pytest.raises(CheckpointError, match=message) as info:
+            load(tmp_path / "sae")
+        assert str(cfg) in str(info.value) and "\n" not in str(info.value)
+
+
+def test_integral_float_sizes_load(saes: list, tmp_path: Path) -> None:
+    save_sae(saes[0][0], tmp_path / "sae")
+    cfg = tmp_path / "sae" / "cfg.json"
+    cfg.write_text(json.dumps(json.loads(cfg.read_text()) | {"d_in": 32.0, "k": 4.0}))
+    back = load_sae(tmp_path / "sae")
+    assert (back.d_in, back.k) == (32, 4) and isinstance(back.k, int)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.bool])
+def test_integer_weights_are_refused_naming_the_tensor(
+    saes: list, dtype: torch.dtype, tmp_path: Path
+) -> None:
+    from safetensors.torch import load_file, save_file
+
+    save_sae(saes[0][0], tmp_path / "sae")
+    weights = tmp_path / "sae" / "sae_weights.safetensors"
+    tensors = load_file(str(weights))
+    tensors["b_dec"] = tensors["b_dec"].to(dtype)
+    save_file(tensors, str(weights))
+    with pytest.raises(CheckpointError, match="tensor b_dec is .*; weights must be floating"):
+        load_sae(tmp_path / "sae")

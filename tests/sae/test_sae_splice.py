@@ -118,3 +118,43 @@ def test_spliced_quality_without_the_error_check_reports_the_same_splice(setup: 
     full = spliced_quality(model, sae, imgs, labels, batch=4)
     lean = spliced_quality(model, sae, imgs, labels, batch=4, error_check=False)
     assert "spliced_error" not in lean and lean["spliced"] == full["spliced"]
+
+
+@pytest.mark.parametrize(
+    ("site", "d_in", "message"),
+    [
+        (
+            SITE,
+            16,
+            r"the SAE \(d_in 16\) at 'blocks.1.ln1.hook_normalized': the model's width there is 32",
+        ),
+        (
+            "blocks.0.attn.hook_pattern",
+            32,
+            "'blocks.0.attn.hook_pattern': not in the residual stream",
+        ),
+        ("blocks.0.attn.hook_z", 32, "not in the residual stream"),
+        ("hook_embed", 32, "not in the residual stream"),
+        ("blocks.9.hook_resid_pre", 32, "not a hook of this model"),
+        ("nope", 32, "not a hook of this model"),
+    ],
+)
+def test_a_splice_that_cannot_fit_is_refused_naming_site_and_widths(
+    site: str, d_in: int, message: str, images: torch.Tensor
+) -> None:
+    """Issue 51: no raw torch shape error from inside the forward pass."""
+    from poslens.errors import ConfigError
+
+    model, sae = tiny("ape"), TopKSAE(d_in, 4 * d_in, 4, site=site)
+    with pytest.raises(ConfigError, match=message) as info, splice(model, sae):
+        model(images)
+    assert "\n" not in str(info.value)
+    assert not any(h._forward_hooks for h in model._hook_points.values())  # nothing left attached
+
+
+@pytest.mark.parametrize("site", ["blocks.0.hook_attn_out", "blocks.1.hook_mlp_out",
+                                  "blocks.1.hook_resid_post", "ln_final.hook_normalized"])  # fmt: skip
+def test_every_residual_stream_site_splices(site: str, images: torch.Tensor) -> None:
+    model, sae = tiny("ape"), TopKSAE(32, 64, 4, site=site)
+    with torch.no_grad(), splice(model, sae):
+        assert model(images).shape == (3, 5)

@@ -5,15 +5,20 @@ from __future__ import annotations
 import json
 import math
 import re
+import shutil
 from dataclasses import replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from poslens._config import ANALYSIS_PRECISIONS
 from poslens.cli import main
 from poslens.errors import ConfigError
+from poslens.report.schema import check_results, results_schema, schema_error
 from poslens.study import StudyConfig, preset, run_study
 from poslens.study.aggregate import aggregate, mean_se
 from poslens.study.claims import RULES
@@ -86,6 +91,79 @@ def test_layout_and_schema(study: tuple[Path, dict[str, Any]]) -> None:
         assert all(sc == {"dim": 16, "depth": 2, "heads": 2, "grid": 4}
                    for sc in c["scale"].values()), c["scale"]  # fmt: skip
     assert (out / "report.html").is_file() and (out / "report.md").is_file()
+
+
+# What a user can ask of a study that lands in results.json's config: every preset, trained or
+# pretrained models, and the values that mean "auto" (batch_size 0, precision "auto", ...).
+study_changes = st.fixed_dictionaries(
+    {
+        "preset": st.sampled_from(["quick", "default", "paper"]),
+        "batch_size": st.one_of(st.just(0), st.integers(1, 10_000)),
+        "seeds": st.integers(1, 5),
+        "ssdc_images": st.sampled_from([0, 10]),
+        "device": st.sampled_from(["cpu", "cuda", "cuda:1"]),
+    },
+    optional={
+        "precision": st.sampled_from(ANALYSIS_PRECISIONS),
+        "pretrained": st.just(("timm:vit_small_patch16_224=hub",)),
+        "in_situ": st.booleans(),
+    },
+)
+
+
+def _study_config(changes: dict[str, Any]) -> tuple[StudyConfig, str]:
+    changes = dict(changes)
+    name, device = changes.pop("preset"), changes.pop("device")
+    if changes.get("pretrained"):
+        changes["images"] = "/data/images"
+    return preset(name, **changes), device
+
+
+def test_every_study_config_follows_the_results_schema(
+    study: tuple[Path, dict[str, Any]],
+) -> None:
+    """Round trip: the config section a study writes for any preset, model set and auto value is
+    accepted by the study's own schema, inside a whole results.json (issue 51: batch_size 0)."""
+    from poslens.study.run import results_config
+
+    schema = results_schema()
+
+    @settings(max_examples=60, deadline=None)
+    @given(study_changes)
+    def check(changes: dict[str, Any]) -> None:
+        cfg, device = _study_config(changes)
+        doc = {**study[1], "config": results_config(cfg, device)}
+        assert schema_error(doc["config"], schema["properties"]["config"], schema) is None
+        check_results(doc)
+
+    check()
+
+
+def test_a_study_with_auto_values_rebuilds_its_report(
+    study: tuple[Path, dict[str, Any]],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`poslens report` on a study written with the quick preset's auto batch size (0) and auto
+    precision: exit 0 and a report, as after `poslens study --preset quick`."""
+    from poslens.study.run import results_config
+
+    # the CLI's allocator setting would outlive this test and change the next study's
+    # environment.malloc (the rerun tests compare it)
+    monkeypatch.setattr("poslens.allocator.keep_freed_memory", lambda: None)
+
+    out = tmp_path / "s"
+    shutil.copytree(study[0], out)
+    cfg = preset("quick", precision="auto")
+    assert cfg.batch_size == 0  # the quick preset's auto batch size
+    doc = {**study[1], "config": results_config(cfg, "cpu")}
+    (out / "results.json").write_text(json.dumps(doc))
+    (out / "report.html").unlink()
+    assert main(["report", str(out)]) == 0, capsys.readouterr().err
+    assert (out / "report.html").is_file()
+    jsonschema = pytest.importorskip("jsonschema")
+    jsonschema.validate(doc, _schema())
 
 
 def test_aggregate_matches_the_per_seed_headlines(study: tuple[Path, dict[str, Any]]) -> None:

@@ -39,7 +39,7 @@ def raw_configs(draw: st.DrawFn) -> Any:
     out: dict[str, Any] = {}
     for s in sections:
         keys = draw(st.lists(st.sampled_from(FIELDS[s]), unique=True, max_size=4))
-        out[s] = {k: draw(values) for k in keys}
+        out[s] = draw(st.one_of(st.just({k: draw(values) for k in keys}), values))  # or not a table
     return draw(st.one_of(st.just(out), values))  # sometimes not even a table
 
 

@@ -5,10 +5,11 @@ code 2."""
 from __future__ import annotations
 
 import sys
+import warnings
 from collections.abc import Sequence
 
 from poslens.cli.parser import _Parser, build_parser
-from poslens.errors import UserError, WorkerLost
+from poslens.errors import UserError, WorkerLost, show_warning_line
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -24,7 +25,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             if here:
                 args.device = resolve_device(args.device)
             check_device(args.device, here=here)
-        return int(args.fn(args))
+        with warnings.catch_warnings():  # restored after the command (main runs in tests too)
+            warnings.showwarning = show_warning_line
+            return int(args.fn(args))
     except UserError as e:
         print(f"poslens: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2

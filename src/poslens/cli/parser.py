@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import sys
+from collections.abc import Sequence
 from typing import NoReturn
 
 from poslens.cli.analyze import cmd_analyze
@@ -20,6 +22,35 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"poslens: error: {message} (see {self.prog} --help)\n")
+
+    def parse_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> argparse.Namespace:
+        """An unknown option is named before anything else argparse would say (a missing
+        subcommand or required option hid it: `poslens --frob`)."""
+        argv = list(sys.argv[1:] if args is None else args)
+        unknown = _unknown_option(self, argv)
+        if unknown is not None:
+            self.error(f"unrecognized arguments: {unknown}")
+        return super().parse_args(argv, namespace)
+
+
+def _unknown_option(parser: argparse.ArgumentParser, argv: list[str]) -> str | None:
+    """The first token of argv that looks like an option and that no parser on its subcommand
+    path knows (abbreviations included, as argparse takes them); None if there is none."""
+    sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+    for i, token in enumerate(argv):
+        if token == "--":
+            return None
+        if sub is not None and token in sub.choices:
+            return _unknown_option(sub.choices[token], argv[i + 1 :])
+        if not token.startswith("-") or token == "-":
+            continue
+        found = parser._parse_optional(token)  # None: a positional (e.g. a negative number)
+        found = found[0] if isinstance(found, list) and len(found) == 1 else found
+        if isinstance(found, tuple) and found[0] is None:
+            return token.partition("=")[0]
+    return None
 
 
 DEVICE_HELP = "torch device: cpu (default), cuda, cuda:N, or auto (cuda if available, else cpu)"

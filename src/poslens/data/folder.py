@@ -3,6 +3,7 @@ same layout read for a pretrained model with its own eval preprocessing (Pretrai
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
@@ -12,15 +13,20 @@ from PIL import Image
 from torch import Tensor
 
 from poslens.data.config import DataConfig
-from poslens.data.preprocess import Preprocess
+from poslens.data.preprocess import Preprocess, decode
 from poslens.data.task import Task, check_batch_args, make_rng, partition
-from poslens.errors import DataError
+from poslens.errors import DataError, DataWarning
+from poslens.io import not_a_file
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
 
 
-def list_classes(root: Path, min_classes: int = 2) -> list[tuple[str, list[Path]]]:
-    """(class name, image files) for each class subfolder of root, both sorted by name."""
+def list_classes(
+    root: Path, min_classes: int = 2, skipped: list[tuple[Path, str]] | None = None
+) -> list[tuple[str, list[Path]]]:
+    """(class name, image files) for each class subfolder of root, both sorted by name. Entries
+    of a class folder that are not image files (a folder or a link loop named 0.png, a FIFO, a
+    file of another kind) are left out; `skipped` collects them with why, for skipped_note."""
     if not root.exists():
         raise DataError(f"image folder {root} does not exist")
     if not root.is_dir():
@@ -30,9 +36,13 @@ def list_classes(root: Path, min_classes: int = 2) -> list[tuple[str, list[Path]
         raise DataError(f"image folder {root} has no class subfolders (expected <root>/<class>/)")
     classes = []
     for folder in folders:
-        files = sorted(
-            p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES
-        )
+        files = []
+        for p in sorted(folder.iterdir()):
+            why = not_a_file(p) if p.suffix.lower() in IMAGE_SUFFIXES else "is not an image file"
+            if why is None:
+                files.append(p)
+            elif skipped is not None and not p.name.startswith("."):
+                skipped.append((p, why))
         if not files:
             raise DataError(f"class folder {folder} holds no images ({', '.join(IMAGE_SUFFIXES)})")
         classes.append((folder.name, files))
@@ -41,13 +51,28 @@ def list_classes(root: Path, min_classes: int = 2) -> list[tuple[str, list[Path]
     return classes
 
 
+def skipped_note(root: Path, skipped: list[tuple[Path, str]], images: int, classes: int) -> str:
+    """The data summary of an image folder: its images and classes, and the entries skipped."""
+    note = f"image folder {root}: {images} images in {classes} classes"
+    if skipped:
+        p, why = skipped[0]
+        n = len(skipped)
+        more = f", and {n - 1} more" if n > 1 else ""
+        note += f"; skipped {n} entr{'y' if n == 1 else 'ies'} ({p.relative_to(root)} {why}{more})"
+    return note
+
+
+def warn_skipped(task: FolderTask | PretrainedFolderTask) -> None:
+    """One DataWarning with the folder's summary when an entry named like an image was skipped (a
+    folder, a link loop, a FIFO: images the user may think are used; the CLI prints it as one
+    `poslens: warning:` line). Other files (notes.txt) are counted in the summary only."""
+    if any(p.suffix.lower() in IMAGE_SUFFIXES for p, _ in task.skipped):
+        warnings.warn(task.summary, DataWarning, stacklevel=3)
+
+
 def load_image(path: Path, size: int, channels: int) -> np.ndarray:
     """Decode, resize the shorter side to `size`, centre-crop to a square. [C, size, size] uint8."""
-    try:
-        with Image.open(path) as image:
-            image = image.convert("L" if channels == 1 else "RGB")
-    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
-        raise DataError(f"cannot read image {path}: {e}") from None
+    image = decode(path, str(path), "L" if channels == 1 else "RGB")
     scale = size / min(image.size)
     width, height = max(size, round(image.width * scale)), max(size, round(image.height * scale))
     image = image.resize((width, height), Image.Resampling.BICUBIC)
@@ -71,10 +96,13 @@ class FolderTask(Task):
         self.root = Path(cfg.path or "")
         self.image_size = cfg.image_size
         self.in_chans = cfg.channels
-        classes = list_classes(self.root)
+        self.skipped: list[tuple[Path, str]] = []
+        classes = list_classes(self.root, skipped=self.skipped)
         self.class_names = [name for name, _ in classes]
         self.num_classes = len(classes)
         self.files = [f for _, class_files in classes for f in class_files]
+        self.summary = skipped_note(self.root, self.skipped, len(self.files), len(classes))
+        warn_skipped(self)
         # Every image once, in file order: [N, C, S, S] uint8 and labels [N] int64.
         self.images = torch.from_numpy(
             np.stack([load_image(f, cfg.image_size, cfg.channels) for f in self.files])
@@ -226,12 +254,15 @@ class PretrainedFolderTask(PretrainedImages):
     ) -> None:
         """`labels`: the model's class names in class order (an HF checkpoint's id2label)."""
         self.root = Path(root)
-        classes = list_classes(self.root, min_classes=1)
+        self.skipped: list[tuple[Path, str]] = []
+        classes = list_classes(self.root, min_classes=1, skipped=self.skipped)
         if num_classes == 0:  # a backbone without classifier (DINOv3): images only, labels -1
             mapped = [UNLABELLED] * len(classes)
         else:
             mapped = class_indices([n for n, _ in classes], num_classes, synsets, labels=labels)
         self.files = [f for _, class_files in classes for f in class_files]
+        self.summary = skipped_note(self.root, self.skipped, len(self.files), len(classes))
+        warn_skipped(self)
         labels = [k for k, (_, fs) in zip(mapped, classes, strict=True) for _ in fs]
         names = {k: folder for (folder, _), k in zip(classes, mapped, strict=True) if k >= 0}
         crops = (preprocess.crop(f) for f in self.files)

@@ -4,6 +4,7 @@ normalise) read from a timm model's pretrained config, without downloading anyth
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,15 +28,52 @@ _RESAMPLE = {
 }
 
 
+# The most pixels poslens decodes from one image: Pillow's own guard against decompression bombs
+# (89,478,485 pixels, a 9459 x 9459 image; it only warns below twice that). Larger images are
+# refused in one line before any pixel is decoded, never decoded under a raw warnings line.
+MAX_IMAGE_PIXELS = 89_478_485
+
+
+def open_image(source: Path | BinaryIO, name: str) -> Image.Image:
+    """Image.open with poslens's pixel limit: a DataError naming the image and its size above
+    MAX_IMAGE_PIXELS (Pillow reads the size from the header; nothing is decoded yet), and one
+    naming the image for anything PIL cannot open."""
+    try:
+        with warnings.catch_warnings():  # the limit below says it, in one line
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            image = Image.open(source)
+    except UnidentifiedImageError:  # PIL's message names the stream object, not the image
+        raise DataError(f"cannot read image {name}: not an image format PIL can decode") from None
+    except Image.DecompressionBombError:
+        raise DataError(
+            f"cannot read image {name}: more than twice the {MAX_IMAGE_PIXELS:,} pixels poslens "
+            "decodes from one image (a guard against decompression bombs); downscale it"
+        ) from None
+    except (OSError, SyntaxError, ValueError) as e:
+        raise DataError(f"cannot read image {name}: {e}") from None
+    w, h = image.size
+    if w * h > MAX_IMAGE_PIXELS:
+        image.close()
+        raise DataError(
+            f"cannot read image {name}: {w} x {h} is {w * h:,} pixels, more than the "
+            f"{MAX_IMAGE_PIXELS:,} poslens decodes from one image (a guard against decompression "
+            "bombs); downscale it"
+        )
+    return image
+
+
 def decode_rgb(source: Path | BinaryIO, name: str) -> Image.Image:
     """Decode an image file or byte stream to RGB as the folder route does (no EXIF rotation, as
     torchvision's ImageFolder); `name` says which image in the DataError if it cannot be read."""
+    return decode(source, name, "RGB")
+
+
+def decode(source: Path | BinaryIO, name: str, mode: str) -> Image.Image:
+    """Decode an image (open_image's checks) and convert it to `mode` ("L" or "RGB")."""
     try:
-        with Image.open(source) as image:
-            return image.convert("RGB")
-    except UnidentifiedImageError:  # PIL's message names the stream object, not the image
-        raise DataError(f"cannot read image {name}: not an image format PIL can decode") from None
-    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
+        with open_image(source, name) as image:
+            return image.convert(mode)
+    except (OSError, SyntaxError, ValueError) as e:  # a truncated or corrupt image body
         raise DataError(f"cannot read image {name}: {e}") from None
 
 
@@ -125,4 +163,12 @@ def imagenet_synsets(num_classes: int) -> list[str] | None:
     return list(ImageNetInfo().label_names())
 
 
-__all__ = ["Preprocess", "decode_rgb", "imagenet_synsets", "timm_preprocess"]
+__all__ = [
+    "MAX_IMAGE_PIXELS",
+    "Preprocess",
+    "decode",
+    "decode_rgb",
+    "imagenet_synsets",
+    "open_image",
+    "timm_preprocess",
+]

@@ -7,6 +7,7 @@ from collections.abc import Iterable, Iterator, Mapping
 
 import torch
 
+from poslens._config import int_argument
 from poslens.errors import UserError
 from poslens.interventions._checks import check_blocks, check_heads
 from poslens.models import hooks
@@ -19,6 +20,7 @@ def component_hook(component: str, block: int, heads: bool = False) -> str:
     """Hook name of a component's output: the summed output, or per-head z for attention heads."""
     if component not in COMPONENTS:
         raise UserError(f"unknown component {component!r}; expected one of {', '.join(COMPONENTS)}")
+    block = int_argument("block", block)
     if heads:
         if component != "attn":
             raise UserError("heads can only be given for the 'attn' component")
@@ -31,6 +33,7 @@ def mean_activations(
     model: ViT, images: torch.Tensor, names: Iterable[str], batch_size: int = 256
 ) -> dict[str, torch.Tensor]:
     """Mean over images of each named activation, keeping token (and head) positions: [T, ...]."""
+    batch_size = int_argument("batch_size", batch_size, low=1)
     names = model.resolve_names(list(names))
     sums: dict[str, torch.Tensor] = {}
     for start in range(0, len(images), batch_size):

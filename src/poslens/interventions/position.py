@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
+from poslens._config import int_argument, seed_argument
 from poslens.errors import UserError
 from poslens.metrics.stats import row_col_parts
 from poslens.models import hooks
@@ -21,6 +22,7 @@ def _require_additive(model: ViT) -> None:
 
 def seeded_permutation(n: int, seed: int) -> torch.Tensor:
     """A random permutation of range(n) that depends only on the seed."""
+    n, seed = int_argument("n", n), seed_argument("seed", seed)
     g = torch.Generator().manual_seed(seed)
     return torch.randperm(n, generator=g)
 
@@ -116,7 +118,7 @@ def ape_permute(model: ViT, seed: int = 0) -> Iterator[torch.Tensor]:
     Yields the permutation for the training grid.
     """
     _require_additive(model)
-    hook, perm_for = _permute_tokens(seed)
+    hook, perm_for = _permute_tokens(seed_argument("seed", seed))
     with model.hooks([(hooks.POS_EMBED, hook)]):  # pos [1, N, D]
         yield perm_for(model.cfg.grid**2)
 
@@ -127,6 +129,6 @@ def rpi(model: ViT, seed: int = 0) -> Iterator[torch.Tensor]:
     before any position is added, so content moves while positional signals stay with the index.
     Yields the permutation for the training grid; other grids get their own seeded permutation.
     """
-    hook, perm_for = _permute_tokens(seed)
+    hook, perm_for = _permute_tokens(seed_argument("seed", seed))
     with model.hooks([(hooks.EMBED, hook)]):  # patch embeddings [B, N, D]
         yield perm_for(model.cfg.grid**2)

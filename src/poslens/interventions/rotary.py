@@ -13,7 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from poslens.errors import UserError
+from poslens._config import index_arguments, int_argument
+from poslens.errors import ArgumentError, UserError
 from poslens.interventions._checks import check_blocks, check_heads
 from poslens.models import hooks
 from poslens.models.vit import ViT
@@ -30,17 +31,14 @@ def plane_mask(model: ViT, planes: PlaneSpec) -> torch.Tensor:
     """Normalise a plane spec (indices, or a bool mask [P], [H, P] or [depth, H, P]) to [depth, H, P]."""
     cfg, P = model.cfg, num_planes(model)
     shape = (cfg.depth, cfg.heads, P)
-    if isinstance(planes, (torch.Tensor, np.ndarray)) and planes.dtype in (torch.bool, np.bool_):
+    if isinstance(planes, torch.Tensor | np.ndarray) and planes.dtype in (torch.bool, np.bool_):
         m = torch.as_tensor(planes)
         if m.shape not in (shape[2:], shape[1:], shape):
             raise UserError(
                 f"plane mask has shape {tuple(m.shape)}; expected [P], [H, P] or [depth, H, P] = {shape}"
             )
         return m.expand(shape).clone()
-    idx = [int(p) for p in planes]
-    for p in idx:
-        if not 0 <= p < P:
-            raise UserError(f"plane {p} out of range (heads have {P} rotation planes: 0..{P - 1})")
+    idx = index_arguments("planes", planes, P, "plane", f"heads have {P} rotation planes")
     m = torch.zeros(shape, dtype=torch.bool)
     m[..., idx] = True
     return m
@@ -142,7 +140,12 @@ def axis_map(model: ViT, grid: tuple[int, int] | None = None, threshold: float =
     if model.rotary is None:
         raise UserError(f"model has no rotary encoding (posenc={model.cfg.posenc!r})")
     cfg = model.cfg
-    gh, gw = grid or (cfg.grid, cfg.grid)
+    if grid is not None and not (isinstance(grid, tuple | list) and len(grid) == 2):
+        raise ArgumentError(f"grid must be (rows, columns) of patches, got {grid!r}")
+    gh, gw = (int_argument(f"grid[{i}]", g) for i, g in enumerate(grid or (cfg.grid, cfg.grid)))
+    number = isinstance(threshold, int | float) and not isinstance(threshold, bool)
+    if not (number and 0 < threshold <= 1):
+        raise ArgumentError(f"threshold must be a number in (0, 1], got {threshold!r}")
     if gh < 2 or gw < 2:
         raise UserError(f"axis map needs a grid of at least 2x2 patches, got {gh}x{gw}")
     x = torch.zeros(

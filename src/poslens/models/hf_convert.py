@@ -46,7 +46,7 @@ from typing import Any
 import torch
 
 from poslens.errors import CheckpointError, ConfigError, DataError
-from poslens.io import MAX_CONFIG_BYTES, load_tensors, read_json
+from poslens.io import MAX_CONFIG_BYTES, check_float_weights, load_tensors, read_json
 from poslens.models.config import ModelConfig
 from poslens.models.vit import ViT
 
@@ -268,6 +268,7 @@ def convert(
     if not path.is_file():
         raise CheckpointError(f"hf:{folder}: weights file {path} not found")
     state = load_tensors(path)
+    check_float_weights(state, str(path))
     if "cls_classifier.weight" in state and "distillation_classifier.weight" in state:
         raise _teacher(folder)
     layout = _layout(set(state), model_type, path)

@@ -67,6 +67,19 @@ def block_of(name: str) -> int | None:
     return int(index) if head == "blocks" and dot and index.isdigit() else None
 
 
+def is_token_site(name: str) -> bool:
+    """Whether a hook holds token activations of the model's width [B, T, dim]: the residual
+    stream, a norm's output, or a block's attention / MLP output that joins it (where an SAE
+    reads and is spliced); not the attention internals or the patch-only embeddings."""
+    if name == FINAL_NORM:
+        return True
+    b = block_of(name)
+    return b is not None and name in (
+        resid_pre(b), resid_mid(b), resid_post(b), normalized(b, "ln1"), normalized(b, "ln2"),
+        block_out(b, "attn"), block_out(b, "mlp"),
+    )  # fmt: skip
+
+
 def norm_of(name: str) -> str | None:
     """The norm of a norm-output hook: "ln1" / "ln2" for blocks.b.{ln1,ln2}.hook_normalized,
     "ln_final" for the final norm; None for any other hook."""

@@ -9,12 +9,14 @@ per-head tensors q, k, v, z [B, H, T, dh]; scores/pattern [B, H, T, T]; rotary t
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from poslens.errors import UserError
+from poslens._config import int_argument, seed_argument
+from poslens.errors import ArgumentError, UserError
 from poslens.models import hooks
 from poslens.models.attention import softmax_attention
 from poslens.models.config import ModelConfig
@@ -230,6 +232,7 @@ class ViT(HookedModule):
     def grid_of(self, x: torch.Tensor) -> tuple[int, int]:
         """Patch grid (gh, gw) of an image batch [B, C, H, W]; UserError if it does not fit."""
         cfg = self.cfg
+        check_input(x, self.patch_embed.weight)
         if x.ndim != 4 or x.shape[1] != cfg.in_chans:
             raise UserError(
                 f"expected images [B, {cfg.in_chans}, H, W], got shape {tuple(x.shape)}"
@@ -278,8 +281,11 @@ class ViT(HookedModule):
         and their hooks are skipped. Conditions that differ only from block b on share it."""
         if start_at:
             gh, gw = grid or (self.cfg.grid, self.cfg.grid)
+            check_input(x, self.patch_embed.weight, "x")
             if not 0 < start_at <= self.cfg.depth or x.ndim != 3:
-                raise ValueError(f"start_at={start_at} needs a residual [B, T, D] and a block")
+                raise ArgumentError(
+                    f"start_at={start_at} needs a residual [B, T, D] and a block 1..{self.cfg.depth}"
+                )
         else:
             x, (gh, gw) = self.embed(x)
         x = self._blocks(x, gh, gw, start_at, self.cfg.depth, cls_exit=self.cls_exit())
@@ -290,8 +296,7 @@ class ViT(HookedModule):
     def residual(self, x: torch.Tensor, block: int) -> torch.Tensor:
         """Images [B, C, H, W] -> the residual [B, T, D] entering block `block` (blocks
         0..block-1 run, with their hooks), for `forward(..., start_at=block)`."""
-        if not 0 < block <= self.cfg.depth:
-            raise ValueError(f"block {block} is not in 1..{self.cfg.depth}")
+        int_argument("block", block, 1, self.cfg.depth)
         x, (gh, gw) = self.embed(x)
         return self._blocks(x, gh, gw, 0, block)
 
@@ -367,10 +372,40 @@ def planted_code(kind: str, grid: int, dim: int) -> torch.Tensor:
     return (q[:n, :dim] * m**0.5).reshape(1, n, dim)
 
 
+def check_input(x: Any, weight: torch.Tensor, name: str = "images") -> None:
+    """A model input: a floating-point tensor on the weights' device, of their dtype (or float32
+    or the autocast dtype under autocast, which casts those); ArgumentError naming `name`
+    otherwise, before torch's own dtype and device errors from inside the forward pass."""
+    if not isinstance(x, torch.Tensor):
+        raise ArgumentError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise ArgumentError(
+            f"{name} must be a floating-point tensor, got {str(x.dtype).removeprefix('torch.')}"
+            f"; pass {name}.float()"
+        )
+    if x.device != weight.device:
+        raise ArgumentError(
+            f"{name} is on {x.device}, the model on {weight.device}: move one of them (.to())"
+        )
+    kind = x.device.type
+    autocast = torch.is_autocast_enabled(kind)
+    if x.dtype != weight.dtype and not (
+        autocast and x.dtype in (torch.float32, torch.get_autocast_dtype(kind))
+    ):
+        have, want = (str(t).removeprefix("torch.") for t in (x.dtype, weight.dtype))
+        raise ArgumentError(
+            f"{name} has dtype {have}, the model's weights {want}: pass {name}.to({weight.dtype}) "
+            "(or run under torch.autocast)"
+        )
+
+
 def build_model(cfg: ModelConfig, seed: int | None = None) -> ViT:
     """A freshly initialised ViT; deterministic when `seed` is given."""
+    if not isinstance(cfg, ModelConfig):
+        raise ArgumentError(f"cfg must be a ModelConfig, got {type(cfg).__name__}")
     if seed is None:
         return ViT(cfg)
+    seed = seed_argument("seed", seed)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = ViT(cfg)

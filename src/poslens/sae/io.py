@@ -23,8 +23,15 @@ from typing import Any
 
 import torch
 
-from poslens.errors import CheckpointError
-from poslens.io import MAX_CONFIG_BYTES, load_tensors, read_json, save_tensors, write_json
+from poslens.errors import CheckpointError, ConfigError
+from poslens.io import (
+    MAX_CONFIG_BYTES,
+    check_float_weights,
+    load_tensors,
+    read_json,
+    save_tensors,
+    write_json,
+)
 from poslens.sae.config import SAEConfig
 from poslens.sae.model import TopKSAE, Whitening
 
@@ -72,16 +79,8 @@ def load_sae(path: str | Path) -> TopKSAE:
     folder = Path(path)
     if not folder.is_dir():
         raise CheckpointError(f"SAE folder not found: {folder}")
-    cfg = read_json(folder / CFG, "SAE config", MAX_CONFIG_BYTES)
-    if not isinstance(cfg, dict) or cfg.get("architecture") != "topk":
-        got = cfg.get("architecture") if isinstance(cfg, dict) else type(cfg).__name__
-        raise CheckpointError(f"{folder / CFG}: architecture must be 'topk', got {got!r}")
-    try:
-        d_in, d_sae, k = (int(cfg[f]) for f in ("d_in", "d_sae", "k"))
-    except (KeyError, TypeError, ValueError) as e:
-        raise CheckpointError(f"{folder / CFG} lacks a valid d_in, d_sae or k ({e})") from None
-    if cfg.get("rescale_acts_by_decoder_norm") or cfg.get("apply_b_dec_to_input") is False:
-        raise CheckpointError(f"{folder / CFG}: only plain TopK SAEs (b_dec applied) are supported")
+    cfg = read_sae_config(folder / CFG)
+    d_in, d_sae, k = cfg["d_in"], cfg["d_sae"], cfg["k"]
     tensors = load_tensors(folder / WEIGHTS)
     shapes = {"W_enc": (d_in, d_sae), "b_enc": (d_sae,), "W_dec": (d_sae, d_in), "b_dec": (d_in,)}
     whitened = cfg.get("normalize_activations") == "covariance_whitening"
@@ -91,14 +90,15 @@ def load_sae(path: str | Path) -> TopKSAE:
     for name, shape in shapes.items():
         if name not in tensors:
             raise CheckpointError(f"{folder / WEIGHTS} has no tensor {name!r}")
+        check_float_weights({name: tensors[name]}, str(folder / WEIGHTS))
         if tuple(tensors[name].shape) != shape:
             raise CheckpointError(
                 f"{folder / WEIGHTS}: {name} has shape {tuple(tensors[name].shape)}, "
                 f"cfg.json says {shape}"
             )
-    meta = cfg.get("metadata") if isinstance(cfg.get("metadata"), dict) else {}
+    meta = cfg.get("metadata") or {}
     site = cfg.get("hook_name") or meta.get("hook_name") or ""
-    sae = TopKSAE(d_in, d_sae, k, site=str(site), include_prefix=bool(cfg.get("include_prefix")))
+    sae = TopKSAE(d_in, d_sae, k, site=site, include_prefix=bool(cfg.get("include_prefix")))
     with torch.no_grad():
         for name in ("W_enc", "b_enc", "W_dec", "b_dec"):
             getattr(sae, name).copy_(tensors[name])
@@ -107,8 +107,82 @@ def load_sae(path: str | Path) -> TopKSAE:
     return sae.eval()
 
 
+# cfg.json values poslens can load: SAELens' float dtypes, and the activation normalisations
+# and reshapes it implements (others would be silently ignored)
+FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
+NORMALIZATIONS = ("none", "covariance_whitening")
+
+
+def read_sae_config(path: Path) -> dict[str, Any]:
+    """cfg.json of an SAE folder, checked field by field (the one place that reads it): d_in,
+    d_sae and k whole numbers with 1 <= k <= d_sae, a float dtype, known flags, poslens_config
+    a valid SAEConfig (returned parsed); one-line CheckpointErrors naming the file and the field.
+    Integral floats (16.0) become ints."""
+    from poslens._config import MAX_INT, short_repr
+
+    cfg = read_json(path, "SAE config", MAX_CONFIG_BYTES)
+    if not isinstance(cfg, dict):
+        raise CheckpointError(f"{path} must hold a JSON object, got {type(cfg).__name__}")
+    if cfg.get("architecture") != "topk":
+        raise CheckpointError(
+            f"{path}: architecture must be 'topk', got {short_repr(cfg.get('architecture'))}"
+        )
+    out = dict(cfg)
+    for name in ("d_in", "d_sae", "k"):
+        if name not in cfg:
+            raise CheckpointError(f"{path} lacks the field {name}")
+        v = cfg[name]
+        whole = (isinstance(v, int) and not isinstance(v, bool)) or (
+            isinstance(v, float) and v.is_integer()
+        )
+        if not whole or not 1 <= v <= MAX_INT:
+            raise CheckpointError(
+                f"{path}: {name} must be a positive whole number, got {short_repr(v)}"
+            )
+        out[name] = int(v)
+    if out["k"] > out["d_sae"]:
+        raise CheckpointError(
+            f"{path}: k ({out['k']}) must be at most d_sae ({out['d_sae']}), the SAE's latents"
+        )
+    dtype = cfg.get("dtype", "float32")
+    if not isinstance(dtype, str) or dtype.removeprefix("torch.") not in FLOAT_DTYPES:
+        raise CheckpointError(
+            f"{path}: dtype must be one of {', '.join(FLOAT_DTYPES)}, got {short_repr(dtype)}"
+        )
+    for name, choices in (
+        ("normalize_activations", NORMALIZATIONS),
+        ("reshape_activations", ("none",)),
+    ):
+        if cfg.get(name, "none") not in choices:
+            raise CheckpointError(
+                f"{path}: {name} must be one of {', '.join(choices)} (what poslens implements), "
+                f"got {short_repr(cfg.get(name))}"
+            )
+    for name in ("apply_b_dec_to_input", "rescale_acts_by_decoder_norm", "include_prefix"):
+        if name in cfg and not isinstance(cfg[name], bool | None):
+            raise CheckpointError(
+                f"{path}: {name} must be true or false, got {short_repr(cfg[name])}"
+            )
+    if cfg.get("rescale_acts_by_decoder_norm") or cfg.get("apply_b_dec_to_input") is False:
+        raise CheckpointError(f"{path}: only plain TopK SAEs (b_dec applied) are supported")
+    meta = cfg.get("metadata")
+    if meta is not None and not isinstance(meta, dict):
+        raise CheckpointError(f"{path}: metadata must be an object, got {short_repr(meta)}")
+    for where, site in (
+        ("hook_name", cfg.get("hook_name")),
+        ("metadata.hook_name", (meta or {}).get("hook_name")),
+    ):
+        if site is not None and not isinstance(site, str):
+            raise CheckpointError(f"{path}: {where} must be a hook name, got {short_repr(site)}")
+    stored = cfg.get("poslens_config")
+    try:  # the SAEConfig it was trained with (None: saved without one)
+        out["poslens_config"] = None if stored is None else SAEConfig.from_dict(stored)
+    except ConfigError as e:
+        raise CheckpointError(f"{path}: poslens_config: {e}") from None
+    return out
+
+
 def load_sae_config(path: str | Path) -> SAEConfig | None:
     """The SAEConfig stored beside a saved SAE (None if it was saved without one)."""
-    cfg = read_json(Path(path) / CFG, "SAE config", MAX_CONFIG_BYTES)
-    stored = cfg.get("poslens_config") if isinstance(cfg, dict) else None
-    return None if stored is None else SAEConfig.from_dict(stored)
+    stored: SAEConfig | None = read_sae_config(Path(path) / CFG)["poslens_config"]
+    return stored

@@ -13,8 +13,10 @@ from collections.abc import Callable, Iterator
 import torch
 import torch.nn.functional as F
 
+from poslens._config import short_repr
+from poslens.errors import ConfigError
 from poslens.metrics.stats import correct_class_margin, paired_diff
-from poslens.models import ViT
+from poslens.models import ViT, hooks
 from poslens.sae.model import TopKSAE
 from poslens.sae.store import ActivationStore
 
@@ -58,6 +60,28 @@ def evaluate(
     }
 
 
+def check_splice(model: ViT, sae: TopKSAE, site: str) -> None:
+    """Refuse a splice that cannot fit, naming the site and both widths: a site that is not a
+    hook of the model or not in its residual stream (models.hooks.is_token_site), or an SAE whose
+    d_in is not the model's width there."""
+    if not isinstance(site, str) or site not in model.hook_names():
+        raise ConfigError(
+            f"cannot splice the SAE at {short_repr(site)}: not a hook of this model (see "
+            "poslens info --hooks)"
+        )
+    if not hooks.is_token_site(site):
+        raise ConfigError(
+            f"cannot splice the SAE at {site!r}: not in the residual stream (token activations "
+            f"[B, T, {model.cfg.dim}]); splice at a residual, norm or block output hook such as "
+            f"{hooks.resid_pre(0)}"
+        )
+    if sae.d_in != model.cfg.dim:
+        raise ConfigError(
+            f"cannot splice the SAE (d_in {sae.d_in}) at {site!r}: the model's width there is "
+            f"{model.cfg.dim} (model.dim)"
+        )
+
+
 @contextlib.contextmanager
 def splice(
     model: ViT,
@@ -81,6 +105,7 @@ def splice(
     this block's attention (NOTES.md, "Sparse autoencoders").
     """
     site = site or sae.site
+    check_splice(model, sae, site)
     keep_prefix = sae.include_prefix if include_prefix is None else include_prefix
     p = 0 if keep_prefix else model.cfg.num_prefix
 

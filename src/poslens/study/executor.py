@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from typing import Any, Protocol
 
 from poslens.allocator import keep_freed_memory, release_freed_memory
 from poslens.allocator import kept as allocator_kept
-from poslens.errors import WorkerLost
+from poslens.errors import WorkerLost, show_warning_line
 
 OnEvent = Callable[[str, Any], None]  # (task key, event)
 # What a backend reports about a started task: ("event", obj), then ("done", result),
@@ -171,6 +172,7 @@ def _worker(conn: Connection, parent: int, keep_memory: bool) -> None:
     each task starts from torch's global seed as a fresh process has it."""
     _end_with(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches all; the parent stops workers
+    warnings.showwarning = show_warning_line  # one line each, as in the CLI
     if keep_memory:
         keep_freed_memory()
     import torch

@@ -96,7 +96,7 @@ def _run(plan: Plan, executor: Executor, progress: bool) -> dict[str, Any]:
         "schema": SCHEMA,
         "poslens_version": __version__,
         "created": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "config": cfg.to_dict() | {"device": device},
+        "config": results_config(cfg, device),
         "environment": environment(plan.threads or torch.get_num_threads(), plan.jobs, executor),
         "models": models,
         "claims": (claims := evaluate_claims(models, cfg)),
@@ -113,6 +113,12 @@ def _run(plan: Plan, executor: Executor, progress: bool) -> dict[str, Any]:
 
     write_report(out, results)
     return results
+
+
+def results_config(cfg: StudyConfig, device: str) -> dict[str, Any]:
+    """results.json's `config`: the StudyConfig as given (auto values as the schema describes
+    them: batch_size 0, precision "auto") and the device."""
+    return cfg.to_dict() | {"device": device}
 
 
 def in_situ_entry(model: str) -> dict[str, Any]:
@@ -164,4 +170,4 @@ def environment(threads: int, jobs: int, executor: Executor | None = None) -> di
     }
 
 
-__all__ = ["SCHEMA", "run_study"]
+__all__ = ["SCHEMA", "results_config", "run_study"]

@@ -14,6 +14,7 @@ from poslens._config import (
     one_of,
     positive_float,
     positive_int,
+    short_repr,
 )
 from poslens.data import DataConfig
 from poslens.errors import ConfigError
@@ -162,7 +163,14 @@ class RunConfig:
         if unknown:
             raise ConfigError(f"unknown config section [{unknown[0]}] (known: model, data, train)")
         base = base or cls()
-        model_d = dict(d.get("model", {}) or {})
+        for name in ("model", "data", "train"):  # each section a table before any field is read
+            if not isinstance(d.get(name, {}), dict):
+                got = d[name]
+                raise ConfigError(
+                    f"[{name}] must be a table of fields, got {type(got).__name__} "
+                    f"{short_repr(got)}"
+                )
+        model_d = dict(d.get("model", {}))
         for key in FROM_DATA:
             if key in model_d:
                 raise ConfigError(
@@ -170,11 +178,8 @@ class RunConfig:
                 )
         parts = {}
         for name, klass in (("model", ModelConfig), ("data", DataConfig), ("train", TrainConfig)):
-            section = model_d if name == "model" else d.get(name, {}) or {}
-            merged = (
-                {**asdict(getattr(base, name)), **section} if isinstance(section, dict) else section
-            )
-            parts[name] = from_dict(klass, merged, name)
+            section = model_d if name == "model" else d.get(name, {})
+            parts[name] = from_dict(klass, {**asdict(getattr(base, name)), **section}, name)
         return cls(**parts)
 
 
@@ -240,7 +245,10 @@ def load_config(path: str | Path) -> RunConfig:
             f"config file {p} is {size:,} bytes, more than the {MAX_CONFIG_BYTES:,} a config may have"
         )
     d = _parse_toml(p.read_bytes(), f"config file {p}")
-    base = preset(d.pop("preset")) if isinstance(d.get("preset"), str) else None
+    name = d.pop("preset", None)
+    if name is not None and not isinstance(name, str):
+        raise ConfigError(f"preset in {p} must be a preset name, got {short_repr(name)}")
+    base = preset(name) if name is not None else None
     return RunConfig.from_dict(d, base)
 
 
