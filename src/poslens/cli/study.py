@@ -18,6 +18,10 @@ def study_seeds(seeds: str | None, start: int | None) -> dict[str, int]:
     out: dict[str, int] = {} if start is None else {"seed_start": start}
     if seeds is None:
         return out
+    try:  # a count, also a negative one (StudyConfig then names study.seeds)
+        return {**out, "seeds": int(seeds)}
+    except ValueError:
+        pass
     first, dash, last = seeds.strip().partition("-")
     try:
         a, b = int(first), int(last) if dash else None
