@@ -59,7 +59,11 @@ def corrupt(folder: Path, case: str) -> None:
         cfg.write_text("{not json")
     else:
         d = json.loads(cfg.read_text())
-        d.update({"architecture": "jumprelu"} if case == "architecture" else {"d_in": 33})
+        d.update(
+            {"architecture": "gated"} if case == "architecture"
+            else {"architecture": "jumprelu"} if case == "jumprelu without threshold"
+            else {"d_in": 33}
+        )  # fmt: skip
         cfg.write_text(json.dumps(d))
 
 
@@ -71,7 +75,8 @@ def corrupt(folder: Path, case: str) -> None:
         ("truncated weights", "truncated|corrupt|could not be read"),
         ("pickle", "pickle"),
         ("bad json", "not valid JSON"),
-        ("architecture", "architecture must be 'topk'"),
+        ("architecture", "SAE architecture 'gated' is not supported"),
+        ("jumprelu without threshold", "has no tensor 'threshold'"),
         ("shape", r"W_enc has shape \(32, 128\), cfg.json says \(33, 128\)"),
     ],
 )

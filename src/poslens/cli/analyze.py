@@ -42,6 +42,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     from poslens.errors import OutputError
     from poslens.experiments.analyze import analyze
     from poslens.experiments.registry import configs as experiment_configs
+    from poslens.experiments.sae_causal import given
     from poslens.io import jsonable, write_json
     from poslens.limits import check_analysis, check_count, check_output_dir
     from poslens.precision import autocast
@@ -59,6 +60,8 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     }
     # every name, field and value checked (UserError) before any work
     sets = _overrides(args.set, names)
+    saes = given.read_saes(args.sae)  # --sae folders: sae_causal's sites unless set
+    sets = given.with_sites(saes, names, sets)
     configs = list(experiment_configs(names, common, sets).values())
     try:
         device = str(distributed.device_for(args.device))  # cuda:LOCAL_RANK under torchrun
@@ -87,6 +90,9 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         status = unfinished(args.checkpoint)
         if status is not None:  # loaded with --allow-unfinished: the results say so
             source["unfinished"] = status.to_dict()  # type: ignore[assignment]
+    saes = given.fit_model(saes, model, data)
+    if saes:
+        source["sae"] = list(args.sae)  # type: ignore[assignment]
     autocast(model, args.precision)  # UserError here if torch cannot run this precision here
     reasons = [experiments.get(n).applies(model) for n in names]
     if all(r is not None for r in reasons):  # nothing would run: an error, not a run of skips
@@ -118,8 +124,9 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 
     try:
         records = analyze(
-            model, data, names, configs, out, progress=main and not args.no_progress, on_done=done
-        )
+            model, data, names, configs, out, progress=main and not args.no_progress, on_done=done,
+            run_kwargs={"sae_causal": {"saes": saes}} if saes else None,
+        )  # fmt: skip
     except OutputError as e:  # a full disk: say what is left in --out
         raise OutputError(f"{e}; {_left_in(out, created)}") from None
     summary: dict[str, object] = {

@@ -150,6 +150,15 @@ def build_parser(prog: str = "poslens") -> argparse.ArgumentParser:
         help="override an experiment's config field, e.g. "
         "sae_causal.sites=blocks.0.hook_resid_pre,blocks.2.hook_resid_pre (repeatable)",
     )
+    a.add_argument(
+        "--sae",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="sae_causal: use this SAE at the hook its cfg.json names instead of training one "
+        "(a poslens SAE folder, or a SAELens TopK, standard (ReLU) or JumpReLU one; repeatable, "
+        "one per hook); the sites default to the SAEs' hooks",
+    )
     a.add_argument("--device", default="cpu", help=DEVICE_HELP)
     a.add_argument(
         "--precision",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ def analyze(
     progress: bool = False,
     on_done: Callable[[str, Record], None] | None = None,
     references: ReferenceCache | None = None,
+    run_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, Record]:
     """Run each named experiment that applies to `model` with its config and save its files.
 
@@ -40,6 +41,7 @@ def analyze(
     The experiments that share the intact reference (Experiment.shares_reference) measure it
     once: in `references` when given (the study's experiment stages of one run share one),
     else in a cache of this call. The reuse is exact (tests/experiments/test_references.py).
+    run_kwargs: more keyword arguments of an experiment's run, by name (sae_causal's `saes`).
     """
     from poslens.experiments.output import save
 
@@ -56,7 +58,8 @@ def analyze(
             cfg = resolved(cfg, model)
             torch.manual_seed(cfg.seed)
             shared = {"references": references} if module.shares_reference else {}
-            result = module.run(model, data, cfg, progress=progress, **shared)
+            extra = dict((run_kwargs or {}).get(name, {}))
+            result = module.run(model, data, cfg, progress=progress, **shared, **extra)
             # a failed write (a full disk) leaves none of this experiment's files behind
             with removed_on_error(out, (f"{name}.*", f"{name}_*.csv")):
                 files = save(result, out, module.plot, formats=formats, config=cfg)

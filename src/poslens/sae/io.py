@@ -13,7 +13,8 @@ apply_b_dec_to_input (true), normalize_activations ("none", or "covariance_white
 whitened), reshape_activations ("none"), rescale_acts_by_decoder_norm (false), hook_name (also in
 metadata.hook_name, where SAELens 6 keeps it) and metadata. poslens' own fields:
 include_prefix (whether CLS/register tokens were encoded) and poslens_config (the SAEConfig
-the SAE was trained with, or null).
+the SAE was trained with, or null). load_sae also reads folders SAELens wrote: TopK, standard
+(ReLU) and JumpReLU SAEs (sae/saelens.py says which and refuses the rest by name).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from poslens.io import (
 )
 from poslens.sae.config import SAEConfig
 from poslens.sae.model import TopKSAE, Whitening
+from poslens.sae.saelens import ARCHITECTURES, EXTRA_TENSORS, TOPK, SAELensSAE, kind_of
 
 WEIGHTS, CFG = "sae_weights.safetensors", "cfg.json"
 WHITENING_KEYS = ("whitening_mean", "whitening_matrix", "whitening_inverse_matrix")
@@ -48,6 +50,8 @@ def save_sae(
     """Write the SAE to out_dir (created); each file atomically. Returns the folder."""
     out = Path(out_dir)
     tensors = {name: getattr(sae, name).detach() for name in ("W_enc", "b_enc", "W_dec", "b_dec")}
+    arch = getattr(sae, "architecture", TOPK)
+    tensors.update({name: getattr(sae, name).detach() for name in EXTRA_TENSORS[arch]})
     if sae.whitening is not None:
         w = sae.whitening
         tensors.update(zip(WHITENING_KEYS, (w.mean_D, w.M_DD, w.M_inv_DD), strict=True))
@@ -55,13 +59,13 @@ def save_sae(
     write_json(
         out / CFG,
         {
-            "architecture": "topk",
+            "architecture": arch,
             "d_in": sae.d_in,
             "d_sae": sae.d_sae,
-            "k": sae.k,
+            **({"k": sae.k} if arch == TOPK else {}),
             "dtype": "float32",
             "device": "cpu",
-            "apply_b_dec_to_input": True,
+            "apply_b_dec_to_input": getattr(sae, "apply_b_dec_to_input", True),
             "normalize_activations": "none" if sae.whitening is None else "covariance_whitening",
             "reshape_activations": "none",
             "rescale_acts_by_decoder_norm": False,
@@ -75,15 +79,18 @@ def save_sae(
 
 
 def load_sae(path: str | Path) -> TopKSAE:
-    """Read a folder written by save_sae (or a SAELens TopK SAE); CheckpointError if it is bad."""
+    """Read a folder written by save_sae, or a SAELens TopK, standard (ReLU) or JumpReLU SAE
+    (sae.saelens); CheckpointError, naming the kind, if it is bad or of a kind poslens cannot run."""
     folder = Path(path)
     if not folder.is_dir():
         raise CheckpointError(f"SAE folder not found: {folder}")
     cfg = read_sae_config(folder / CFG)
-    d_in, d_sae, k = cfg["d_in"], cfg["d_sae"], cfg["k"]
+    kind = cfg["kind"]
+    d_in, d_sae = cfg["d_in"], cfg["d_sae"]
     tensors = load_tensors(folder / WEIGHTS)
     shapes = {"W_enc": (d_in, d_sae), "b_enc": (d_sae,), "W_dec": (d_sae, d_in), "b_dec": (d_in,)}
-    whitened = cfg.get("normalize_activations") == "covariance_whitening"
+    shapes.update({name: (d_sae,) for name in EXTRA_TENSORS[kind.architecture]})
+    whitened = kind.whitened
     if whitened:
         shapes.update({"whitening_mean": (d_in,)})
         shapes.update({k_: (d_in, d_in) for k_ in WHITENING_KEYS[1:]})
@@ -98,12 +105,16 @@ def load_sae(path: str | Path) -> TopKSAE:
             )
     meta = cfg.get("metadata") or {}
     site = cfg.get("hook_name") or meta.get("hook_name") or ""
-    sae = TopKSAE(d_in, d_sae, k, site=site, include_prefix=bool(cfg.get("include_prefix")))
+    prefix = bool(cfg.get("include_prefix"))
+    if kind.own:
+        sae = TopKSAE(d_in, d_sae, cfg["k"], site=site, include_prefix=prefix)
+    else:
+        sae = SAELensSAE(d_in, d_sae, kind, cfg.get("k", 0), site=site, include_prefix=prefix)
     with torch.no_grad():
-        for name in ("W_enc", "b_enc", "W_dec", "b_dec"):
+        for name in ("W_enc", "b_enc", "W_dec", "b_dec", *EXTRA_TENSORS[kind.architecture]):
             getattr(sae, name).copy_(tensors[name])
     if whitened:
-        sae.whitening = Whitening(*(tensors[k_] for k_ in WHITENING_KEYS))
+        sae.whitening = Whitening(*(tensors[k_].float() for k_ in WHITENING_KEYS))
     return sae.eval()
 
 
@@ -114,21 +125,24 @@ NORMALIZATIONS = ("none", "covariance_whitening")
 
 
 def read_sae_config(path: Path) -> dict[str, Any]:
-    """cfg.json of an SAE folder, checked field by field (the one place that reads it): d_in,
-    d_sae and k whole numbers with 1 <= k <= d_sae, a float dtype, known flags, poslens_config
-    a valid SAEConfig (returned parsed); one-line CheckpointErrors naming the file and the field.
-    Integral floats (16.0) become ints."""
+    """cfg.json of an SAE folder, checked field by field (the one place that reads it): an
+    architecture poslens runs (sae.saelens), d_in, d_sae (and a TopK's k) whole numbers with
+    1 <= k <= d_sae, a float dtype, known flags, poslens_config a valid SAEConfig (returned
+    parsed), and under "kind" the sae.saelens.Kind it describes; one-line CheckpointErrors naming
+    the file and the field. Integral floats (16.0) become ints."""
     from poslens._config import MAX_INT, short_repr
 
     cfg = read_json(path, "SAE config", MAX_CONFIG_BYTES)
     if not isinstance(cfg, dict):
         raise CheckpointError(f"{path} must hold a JSON object, got {type(cfg).__name__}")
-    if cfg.get("architecture") != "topk":
+    arch = cfg.get("architecture")
+    if arch not in ARCHITECTURES:
         raise CheckpointError(
-            f"{path}: architecture must be 'topk', got {short_repr(cfg.get('architecture'))}"
+            f"{path}: SAE architecture {short_repr(arch)} is not supported (poslens reads "
+            f"{', '.join(ARCHITECTURES)})"
         )
     out = dict(cfg)
-    for name in ("d_in", "d_sae", "k"):
+    for name in ("d_in", "d_sae", "k") if arch == TOPK else ("d_in", "d_sae"):
         if name not in cfg:
             raise CheckpointError(f"{path} lacks the field {name}")
         v = cfg[name]
@@ -140,7 +154,7 @@ def read_sae_config(path: Path) -> dict[str, Any]:
                 f"{path}: {name} must be a positive whole number, got {short_repr(v)}"
             )
         out[name] = int(v)
-    if out["k"] > out["d_sae"]:
+    if out.get("k", 0) > out["d_sae"]:
         raise CheckpointError(
             f"{path}: k ({out['k']}) must be at most d_sae ({out['d_sae']}), the SAE's latents"
         )
@@ -163,8 +177,7 @@ def read_sae_config(path: Path) -> dict[str, Any]:
             raise CheckpointError(
                 f"{path}: {name} must be true or false, got {short_repr(cfg[name])}"
             )
-    if cfg.get("rescale_acts_by_decoder_norm") or cfg.get("apply_b_dec_to_input") is False:
-        raise CheckpointError(f"{path}: only plain TopK SAEs (b_dec applied) are supported")
+    out["kind"] = kind_of(cfg, path)  # rescaling, other activations, one head: refused by name
     meta = cfg.get("metadata")
     if meta is not None and not isinstance(meta, dict):
         raise CheckpointError(f"{path}: metadata must be an object, got {short_repr(meta)}")

@@ -30,6 +30,7 @@ from poslens.experiments.sae_causal.config import (
     site_index,
 )
 from poslens.experiments.sae_causal.edits import matched_random, resample, set_to, spliced, zero
+from poslens.experiments.sae_causal.given import check_sites
 from poslens.experiments.sae_causal.result import SAECausal, SiteResult
 from poslens.metrics.stats import row_col_share
 from poslens.models import hooks
@@ -262,6 +263,7 @@ def run(
     base = baseline(model, x, y, cfg, all_sites, cache=references)
     probe_block = cfg.probe_block if cfg.probe_block >= 0 else choose_probe_site(base)
     sites = resolve_sites(model, cfg, probe_block)
+    check_sites(saes or {}, list(sites))
     floor_sites = sorted({site_index(model, s) for s in sites} | {model.cfg.depth})
     floor = measure(model, x, y, cfg, floor_condition(model), floor_sites,
                     fixed=base.fixed_probes(), rpi_pass=cfg.rpi_probes)  # fmt: skip
