@@ -224,6 +224,34 @@ def test_rerun_reuses_everything_and_is_identical(
     assert "ETA" in shown and "28/28" in shown
 
 
+def test_compare_prints_both_runs_levels(
+    study: tuple[Path, dict[str, Any]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`poslens compare` of this study and a copy with one level's verdict and effect edited."""
+    out, res = study
+    other = tmp_path / "rerun"
+    (other / "figures").mkdir(parents=True)
+    shutil.copy(out / "figures" / "claims.png", other / "figures")
+    edited = json.loads(json.dumps(res))
+    changed = next(c for c in edited["claims"] if c["verdict"] != "supported")
+    changed["verdict"], changed["qualifier"] = "supported", None
+    model = next(iter(changed["primary"]["models"]))
+    changed["primary"]["models"][model] |= {"mean": 0.987, "lower": 0.876, "upper": 1.23}
+    (other / "results.json").write_text(json.dumps(edited))
+    assert main(["compare", str(out), str(other), "--out", str(tmp_path / "cmp")]) == 0
+    printed = capsys.readouterr().out
+    assert all(re.search(rf"{c['claim']} +│ {c['level']}", printed) for c in res["claims"])
+    assert f"{model} 0.987 [0.876, 1.23]" in printed
+    n = len(res["claims"])
+    assert f"the runs agree on {n - 1} of {n} claim levels' verdicts" in printed
+    md = (tmp_path / "cmp" / "compare.md").read_text()
+    rows = [line for line in md.splitlines() if line.startswith("| ") and "|---" not in line]
+    assert len(rows) == 1 + n  # both runs' levels, one row each
+    assert sum(r.endswith("| differ |") for r in rows) == 1
+    html = (tmp_path / "cmp" / "compare.html").read_text()
+    assert html.count("data:image/png;base64,") == 2
+
+
 def test_models_stopped_early_are_used_and_reused(tmp_path: Path) -> None:
     """As in the default preset, training stops at a validation target (train.stop_acc): the
     study analyses the stopped models, records where they stopped, and a rerun reuses them."""

@@ -48,6 +48,7 @@ INTERRUPTED = {
     "sae": "nothing was saved; rerun the command",
     "info": "nothing was written",
     "report": "reports are written atomically: each is the old one or the new one; rerun it",
+    "compare": "files are written atomically: each is the old one or the new one; rerun it",
 }
 
 

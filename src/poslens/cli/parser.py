@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from poslens.cli.analyze import cmd_analyze
+from poslens.cli.compare import add_parser as add_compare
 from poslens.cli.export import cmd_export
 from poslens.cli.info import cmd_info
 from poslens.cli.report import cmd_report
@@ -355,4 +356,6 @@ def build_parser(prog: str = "poslens") -> argparse.ArgumentParser:
     )
     r.add_argument("dir", metavar="DIR", help="a `poslens study` output folder")
     r.set_defaults(fn=cmd_report)
+
+    add_compare(sub)
     return p
