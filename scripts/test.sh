@@ -4,5 +4,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh --timm
-.venv/bin/ruff check src tests benchmarks
+.venv/bin/ruff check src tests benchmarks examples
 POSLENS_FULL=1 .venv/bin/python -m pytest "$@"
