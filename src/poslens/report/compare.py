@@ -136,6 +136,8 @@ def effects(cl: Mapping[str, Any] | None) -> list[str]:
         return []
     primary = cl.get("primary") if isinstance(cl.get("primary"), Mapping) else {}
     models = primary.get("models") if isinstance(primary.get("models"), Mapping) else {}
+    if not models:
+        return ["no study model ran"]
     out = []
     for m, t in models.items():
         t = t if isinstance(t, Mapping) else {}
