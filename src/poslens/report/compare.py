@@ -11,6 +11,7 @@ record) shows as a dash. Runs of different results schemas are refused.
 from __future__ import annotations
 
 import base64
+import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -121,7 +122,9 @@ def levels(runs: Sequence[Run]) -> list[Level]:
 
 
 def _num(x: Any) -> str:
-    return c.fmt_num(x) if isinstance(x, int | float) and not isinstance(x, bool) else DASH
+    """A number as the report writes it; a dash for null, absent or not finite."""
+    real = isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+    return c.fmt_num(x) if real else DASH
 
 
 def verdict(cl: Mapping[str, Any] | None) -> str:
