@@ -106,8 +106,10 @@ class Level:
 
     @property
     def agreement(self) -> str:
-        """'agree' when every run has this level with the same verdict, else 'differ'."""
-        verdicts = {None if cl is None else cl.get("verdict") for cl in self.cells}
+        """'agree' when every run has this level with the same verdict and qualifier ("inconclusive
+        (fragile)" and "inconclusive (no power)" differ), else 'differ'."""
+        verdicts = {None if cl is None else (cl.get("verdict"), cl.get("qualifier"))
+                    for cl in self.cells}  # fmt: skip
         return AGREE if len(verdicts) == 1 and None not in verdicts else DIFFER
 
 
