@@ -1,5 +1,5 @@
 """How likely a level's verdict is to replicate on a fresh seed set, and the seed count that
-would make it stable.
+would make it stable (taking the observed effects and spreads as true: a design number).
 
 Each test of the level's family (study models and controls) is redrawn from its posterior
 predictive under a normal model with the usual noninformative prior: a true mean and spread drawn
@@ -77,14 +77,23 @@ def decide(
 
 
 def _draw(
-    values: Sequence[float], n_new: int, threshold: float, alpha: float, rng: np.random.Generator
+    values: Sequence[float],
+    n_new: int,
+    threshold: float,
+    alpha: float,
+    rng: np.random.Generator,
+    plug_in: bool = False,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """p, lower and upper bounds [DRAWS] of a fresh set of n_new seeds drawn from the posterior
-    predictive of `values` (normal model, noninformative prior)."""
+    predictive of `values` (normal model, noninformative prior), or with plug_in from a normal
+    whose mean and spread are the observed ones."""
     v = np.asarray(values, dtype=np.float64)
     n, m, s = len(v), float(v.mean()), float(v.std(ddof=1))
-    sigma = s * np.sqrt((n - 1) / rng.chisquare(n - 1, DRAWS))  # the true spread
-    mu = m + sigma / math.sqrt(n) * rng.standard_normal(DRAWS)  # the true mean
+    if plug_in:
+        sigma, mu = np.full(DRAWS, s), np.full(DRAWS, m)
+    else:
+        sigma = s * np.sqrt((n - 1) / rng.chisquare(n - 1, DRAWS))  # the true spread
+        mu = m + sigma / math.sqrt(n) * rng.standard_normal(DRAWS)  # the true mean
     mean = mu + sigma / math.sqrt(n_new) * rng.standard_normal(DRAWS)
     se = sigma * np.sqrt(rng.chisquare(n_new - 1, DRAWS) / (n_new - 1)) / math.sqrt(n_new)
     p = st.t.sf((mean - threshold) / se, n_new - 1)
@@ -93,16 +102,23 @@ def _draw(
 
 
 def verdict_shares(
-    tests: Sequence[Outcome], threshold: float, alpha: float, seeds: int, seed_key: str
+    tests: Sequence[Outcome],
+    threshold: float,
+    alpha: float,
+    seeds: int,
+    seed_key: str,
+    plug_in: bool = False,
 ) -> np.ndarray:
-    """The share of fresh seed sets of `seeds` seeds giving each verdict of VERDICT_CODES."""
-    rng = np.random.default_rng(zlib.crc32(f"{seed_key}:{seeds}".encode()))
+    """The share of fresh seed sets of `seeds` seeds giving each verdict of VERDICT_CODES (from
+    the posterior predictive, or with plug_in taking the observed means and spreads as true)."""
+    rng = np.random.default_rng(zlib.crc32(f"{seed_key}:{seeds}:{plug_in}".encode()))
     run = max((len(t.values) for t in tests), default=0)
     drawn = [t.counts or (len(t.values) >= 2 and len(set(t.values)) > 1) for t in tests]
     cols_p, cols_lo, cols_hi = [], [], []
     for t, d in zip(tests, drawn, strict=True):
         if d:  # a measured seed count short of the run's stays short by as many seeds
-            p, lo, hi = _draw(t.values, max(2, len(t.values) + seeds - run), threshold, alpha, rng)
+            n_new = max(2, len(t.values) + seeds - run)
+            p, lo, hi = _draw(t.values, n_new, threshold, alpha, rng, plug_in)
         else:
             p = np.full(DRAWS, np.nan)
             lo, hi = np.full(DRAWS, t.lower), np.full(DRAWS, t.upper)
@@ -128,7 +144,9 @@ def verdict_shares(
 class Replication:
     """A level's replication estimate: the share of fresh seed sets of the run's size giving the
     same verdict, and, when below STABLE, the smallest seed count (of SEED_STEPS) at which one
-    verdict would come out in at least STABLE of them."""
+    verdict would come out in at least STABLE of them if the observed means and spreads were the
+    true ones (the posterior's doubt about the true effect does not shrink with future seeds, so
+    it would bound every count's stability by how sure 5 seeds make the truth)."""
 
     verdict: str  # the observed verdict (VERDICT_CODES' wording)
     probability: float
@@ -166,7 +184,7 @@ def replication(
     at, which = None, None
     if prob < STABLE:
         for n in (s for s in SEED_STEPS if s > seeds):
-            more = verdict_shares(tests, threshold, alpha, n, key)
+            more = verdict_shares(tests, threshold, alpha, n, key, plug_in=True)
             if more.max() >= STABLE:
                 at, which = n, VERDICT_CODES[int(more.argmax())]
                 break
