@@ -106,10 +106,12 @@ def _ladder(args: argparse.Namespace) -> int:
     kw: dict[str, object] = {"in_situ": not args.no_in_situ, "changes": changes}
     if args.models is not None:
         kw["models"] = tuple(m.strip() for m in args.models.split(",") if m.strip())
-    if args.seed_start is not None:
-        raise UserError("--seed-start does not go with --preset ladder (its rungs run seeds 0..N-1)")
-    if args.seeds is not None:
-        kw["seeds"] = study_seeds(args.seeds, None)["seeds"]
+    seeds = study_seeds(args.seeds, args.seed_start)
+    if seeds.get("seed_start"):
+        raise UserError("--seed-start and --seeds A-B do not go with --preset ladder (its rungs run "
+                        "seeds 0..N-1)")  # fmt: skip
+    if "seeds" in seeds:
+        kw["seeds"] = seeds["seeds"]
     cfg = ladder_preset(args.rungs, **kw)
     check_output_dir(args.out)
     results = run_ladder(
