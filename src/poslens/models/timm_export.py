@@ -45,6 +45,9 @@ LAYER_SCALE = ("gamma_1", "gamma_2", "ls1.gamma", "ls2.gamma")
 def timm_kwargs(cfg: ModelConfig) -> dict[str, Any]:
     """The timm constructor arguments that rebuild `cfg`'s architecture (UserError when timm's
     VisionTransformer / naver Eva cannot express it)."""
+    if cfg.arch_pieces():  # exported as a plain timm VisionTransformer
+        raise UserError(f"export to timm supports the plain ViT; this model has "
+                        f"model.{cfg.arch_pieces()[0]}")  # fmt: skip
     if cfg.posenc not in EXPORTABLE:
         raise UserError(f"export to timm supports {', '.join(EXPORTABLE)}, not {cfg.posenc}")
     if cfg.posenc == "rope_axial":
