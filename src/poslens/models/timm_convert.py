@@ -30,17 +30,28 @@ import torch
 from torch import nn
 
 from poslens._timm import import_timm
-from poslens.errors import CheckpointError, ConfigError, UserError
-from poslens.io import check_state_dict, load_tensors, read_json
+from poslens.errors import ConfigError, UserError
 from poslens.models.config import ModelConfig
+from poslens.models.timm_weights import (
+    head_classes,
+    load_timm_weights,
+    read_kwargs,
+    read_timm_weights,
+)
 from poslens.models.vit import ViT
+
+
+def known_timm(name: str) -> Any:
+    """The timm module, once `name` is known to it (UserError if not)."""
+    timm = import_timm()
+    if not timm.is_model(name):
+        raise UserError(f"unknown timm model {name!r} (list them with timm.list_models('vit_*'))")
+    return timm
 
 
 def create_timm(name: str, pretrained: bool = False, **kwargs: Any) -> nn.Module:
     """Build timm model `name` (random weights unless `pretrained`, which downloads from the hub)."""
-    timm = import_timm()
-    if not timm.is_model(name):
-        raise UserError(f"unknown timm model {name!r} (list them with timm.list_models('vit_*'))")
+    timm = known_timm(name)
     try:
         model = timm.create_model(name, pretrained=pretrained, **kwargs)
     except (TypeError, ValueError, AssertionError, KeyError) as e:
@@ -52,39 +63,6 @@ def create_timm(name: str, pretrained: bool = False, **kwargs: Any) -> nn.Module
             f"timm could not fetch pretrained weights for {name!r}: {str(e).splitlines()[0]}"
         ) from None
     return model.eval()
-
-
-def load_timm_weights(model: nn.Module, name: str, path: str | Path) -> None:
-    """Load a local safetensors state dict (timm key names) into a timm model, checking every tensor."""
-    path = Path(path)
-    if not path.exists():
-        raise CheckpointError(f"weights file not found: {path}")
-    state = load_tensors(path)
-    check_state_dict(state, model.state_dict(), f"{path} (does not fit timm:{name})")
-    model.load_state_dict(state)
-
-
-# the timm shape arguments of weights that `poslens export --timm` wrote (models/timm_export.py):
-# FILE.timm.json beside FILE.safetensors
-KWARGS_SUFFIX = ".timm.json"
-
-
-def kwargs_file(weights: str | Path) -> Path:
-    """Where the timm shape arguments of an exported weights file live."""
-    p = Path(weights)
-    return p.with_name(p.name.removesuffix(".safetensors") + KWARGS_SUFFIX)
-
-
-def read_kwargs(weights: str | Path) -> dict[str, Any]:
-    """The timm shape arguments written beside `weights` by `export_timm` ({} if none)."""
-    f = kwargs_file(weights)
-    if not f.is_file():
-        return {}
-    doc = read_json(f, "timm arguments")
-    kwargs = doc.get("kwargs") if isinstance(doc, dict) else None
-    if not isinstance(kwargs, dict):
-        raise UserError(f"{f} has no 'kwargs' object")
-    return kwargs
 
 
 def _unsupported(name: str, what: str) -> UserError:
@@ -289,7 +267,8 @@ def convert(tm: nn.Module, name: str) -> tuple[ModelConfig, dict[str, torch.Tens
     if b0.attn.head_dim * heads != dim:
         raise _unsupported(name, "attention head dimension other than dim / heads")
     hidden = _hidden(b0.mlp)
-    eps = {_layer_norm_eps(m, name, n) for n, m in norms.items() if present[n]}
+    timm_names = {"patch_norm": "patch_embed.norm", "ln_final": "norm"}
+    eps = {_layer_norm_eps(m, name, timm_names.get(n, n)) for n, m in norms.items() if present[n]}
     mlp_kind = _mlp_kind(b0.mlp, name)
     act = _mlp_act(b0.mlp.act, name) if mlp_kind == "mlp" else "gelu"
     sub = {s: not _is_identity(getattr(m, "norm", None)) for s, m in (("attn", b0.attn),
@@ -450,11 +429,16 @@ def load_timm(name: str, weights: str | Path, device: str = "cpu", **timm_kwargs
     the shape arguments that `poslens export --timm` wrote beside the weights (timm_export).
     """
     hub = str(weights) == "hub"
+    state = None
+    known_timm(name)
     if not hub:
-        timm_kwargs = read_kwargs(weights) | timm_kwargs
+        state = read_timm_weights(weights)
+        # the classifier the file carries (a tagged checkpoint's: .dino, .mae, .clip, ...)
+        # unless the caller or the export's arguments say otherwise
+        timm_kwargs = {"num_classes": head_classes(state)} | read_kwargs(weights) | timm_kwargs
     tm = create_timm(name, pretrained=hub, **timm_kwargs)
-    if not hub:
-        load_timm_weights(tm, name, weights)
+    if state is not None:
+        load_timm_weights(tm, name, weights, state, **timm_kwargs)
     cfg, sd = convert(tm, name)
     model = ViT(cfg)
     model.load_state_dict(sd)

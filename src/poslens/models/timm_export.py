@@ -27,15 +27,8 @@ from torch import nn
 from poslens.errors import UserError
 from poslens.io import save_tensors, write_json
 from poslens.models.config import ModelConfig
-from poslens.models.timm_convert import (
-    KWARGS_SUFFIX,
-    check_rotary,
-    convert,
-    create_timm,
-    import_timm,
-    kwargs_file,
-    read_kwargs,
-)
+from poslens.models.timm_convert import check_rotary, convert, create_timm, import_timm
+from poslens.models.timm_weights import KWARGS_SUFFIX, kwargs_file, read_kwargs
 from poslens.models.vit import ViT
 
 EXPORTABLE = ("ape", "none", "rope_axial")
