@@ -38,7 +38,8 @@ FAMILY_PATTERNS = (
     ("eva02", "EVA-02"), ("eva_", "EVA"), ("_pe_", "Perception Encoder"), ("siglip", "SigLIP"),
     ("clip", "CLIP"), ("dinov3", "DINOv3"), ("dinov2", "DINOv2"), ("aimv2", "AIMv2"),
     ("deit", "DeiT"), ("_rope_", "RoPE ViT"), ("radio", "RADIO"), ("sapiens", "Sapiens"),
-    ("tipsv2", "TIPSv2"), ("lingbot", "LingBot"), ("flexivit", "FlexiViT"), ("_gap", "ViT (GAP)"),
+    ("tipsv2", "TIPSv2"), ("beit3", "BEiT-3"), ("lingbot", "LingBot"), ("flexivit", "FlexiViT"),
+    ("_gap", "ViT (GAP)"),
 )  # fmt: skip
 MODULE_FAMILIES = {"beit": "BEiT", "vision_transformer_relpos": "relpos ViT",
                    "naflexvit": "NaFlexViT"}  # fmt: skip
