@@ -1,6 +1,7 @@
 """The one Vision Transformer of poslens, instrumented with hook points.
 
-Reads top to bottom: LayerNorm with a hook, Attention, Mlp, Block, ViT. Tensor layouts:
+Reads top to bottom: LayerNorm with a hook (and NoNorm, its place where a model has none),
+Attention, Mlp and SwiGLU, Block, ViT. Tensor layouts:
 tokens [B, T, D] with T = num_prefix + gh*gw (CLS, registers, then patches row-major);
 per-head tensors q, k, v, z [B, H, T, dh]; scores/pattern [B, H, T, T]; rotary table
 [2, H, T, P] (cos, sin) with P = dh / 2 planes.
