@@ -150,7 +150,7 @@ def _mlp_act(act: nn.Module, name: str) -> str:
 
 
 def _mlp_kind(mlp: nn.Module, name: str) -> str:
-    """"mlp" (fc1 -> act -> fc2) or "swiglu" (timm's SwiGLU, or GluMlp gating first with SiLU)."""
+    """The MLP's kind: "mlp" (fc1 -> act -> fc2) or "swiglu" (SwiGLU, or GluMlp gating first)."""
     kind = type(mlp).__name__
     if kind == "Mlp":
         return "mlp"
@@ -182,6 +182,27 @@ def _hidden(mlp: nn.Module) -> int:
     """Width of the MLP's hidden layer (after gating)."""
     fc2 = mlp.fc2
     return int(fc2.in_features)
+
+
+def _block_kind(block: nn.Module, name: str) -> dict[str, Any]:
+    """The ModelConfig fields a timm block sets: its MLP, activation, qk-norm and sub-LNs."""
+    mlp = _mlp_kind(block.mlp, name)
+    return {
+        "mlp": mlp,
+        "mlp_act": _mlp_act(block.mlp.act, name) if mlp == "mlp" else "gelu",
+        "qk_norm": not _is_identity(getattr(block.attn, "q_norm", None)),
+        "attn_sub_norm": not _is_identity(getattr(block.attn, "norm", None)),
+        "mlp_sub_norm": not _is_identity(getattr(block.mlp, "norm", None)),
+    }
+
+
+def _block_norms(block: nn.Module) -> dict[str, nn.Module]:
+    """A timm block's norms under poslens' names (relative to the block), where present."""
+    attn, mlp = block.attn, block.mlp
+    found = {"ln1": block.norm1, "ln2": block.norm2, "attn.q_norm": getattr(attn, "q_norm", None),
+             "attn.k_norm": getattr(attn, "k_norm", None), "attn.norm": getattr(attn, "norm", None),
+             "mlp.norm": getattr(mlp, "norm", None)}  # fmt: skip
+    return {k: m for k, m in found.items() if not _is_identity(m)}
 
 
 def _check_block(block: nn.Module, name: str) -> None:
@@ -269,28 +290,14 @@ def convert(tm: nn.Module, name: str) -> tuple[ModelConfig, dict[str, torch.Tens
     hidden = _hidden(b0.mlp)
     timm_names = {"patch_norm": "patch_embed.norm", "ln_final": "norm"}
     eps = {_layer_norm_eps(m, name, timm_names.get(n, n)) for n, m in norms.items() if present[n]}
-    mlp_kind = _mlp_kind(b0.mlp, name)
-    act = _mlp_act(b0.mlp.act, name) if mlp_kind == "mlp" else "gelu"
-    sub = {s: not _is_identity(getattr(m, "norm", None)) for s, m in (("attn", b0.attn),
-           ("mlp", b0.mlp))}  # fmt: skip
-    qk_norm = not _is_identity(getattr(b0.attn, "q_norm", None))
+    block_kind = _block_kind(b0, name)
     for i, b in enumerate(blocks):
-        eps |= {_layer_norm_eps(b.norm1, name, f"blocks.{i}.norm1")}
-        eps |= {_layer_norm_eps(b.norm2, name, f"blocks.{i}.norm2")}
-        subs = {"attn.norm": b.attn.norm if sub["attn"] else None,
-                "mlp.norm": b.mlp.norm if sub["mlp"] else None,
-                "attn.q_norm": b.attn.q_norm if qk_norm else None,
-                "attn.k_norm": b.attn.k_norm if qk_norm else None}  # fmt: skip
-        eps |= {_layer_norm_eps(m, name, f"blocks.{i}.{n}") for n, m in subs.items() if m is not None}
         if _hidden(b.mlp) != hidden or b.attn.num_heads != heads:
             raise _unsupported(name, "blocks of different widths")
-        same = (_mlp_kind(b.mlp, name), qk_norm, sub["attn"], sub["mlp"]) == (
-            mlp_kind, not _is_identity(getattr(b.attn, "q_norm", None)),
-            not _is_identity(getattr(b.attn, "norm", None)),
-            not _is_identity(getattr(b.mlp, "norm", None)),
-        )  # fmt: skip
-        if not same or (mlp_kind == "mlp" and _mlp_act(b.mlp.act, name) != act):
+        if _block_kind(b, name) != block_kind:
             raise _unsupported(name, "blocks of different kinds")
+        for where, norm in _block_norms(b).items():
+            eps |= {_layer_norm_eps(norm, name, f"blocks.{i}.{where}")}
     if len(eps) != 1:
         raise _unsupported(name, f"LayerNorms with different eps {sorted(eps)}")
     reg = tm.dist_token if distilled else tm.reg_token  # DeiT's distillation token: register 0
@@ -327,11 +334,11 @@ def convert(tm: nn.Module, name: str) -> tuple[ModelConfig, dict[str, torch.Tens
             norm_eps=eps.pop(),
             patch_norm=present["patch_norm"],
             norm_pre=present["norm_pre"],
-            qk_norm=qk_norm,
-            attn_sub_norm=sub["attn"],
-            mlp=mlp_kind,
-            mlp_act=act,
-            mlp_sub_norm=sub["mlp"],
+            qk_norm=block_kind["qk_norm"],
+            attn_sub_norm=block_kind["attn_sub_norm"],
+            mlp=block_kind["mlp"],
+            mlp_act=block_kind["mlp_act"],
+            mlp_sub_norm=block_kind["mlp_sub_norm"],
             final_norm=present["ln_final"],
             fc_norm=present["fc_norm"],
             head_dist=distilled,
@@ -380,10 +387,8 @@ def convert(tm: nn.Module, name: str) -> tuple[ModelConfig, dict[str, torch.Tens
         sd.update({p + "mlp." + k: v for k, v in _mlp_state(b.mlp).items()})
         for ours, theirs in (("ln1", b.norm1), ("ln2", b.norm2)):
             sd[p + ours + ".weight"], sd[p + ours + ".bias"] = theirs.weight, theirs.bias
-        for ours, on in (("attn.norm", sub["attn"]), ("mlp.norm", sub["mlp"]),
-                         ("attn.q_norm", qk_norm), ("attn.k_norm", qk_norm)):  # fmt: skip
-            if on:
-                norm = b.get_submodule(ours)
+        for ours, norm in _block_norms(b).items():
+            if ours not in ("ln1", "ln2"):  # those two are renamed above
                 sd[p + ours + ".weight"], sd[p + ours + ".bias"] = norm.weight, norm.bias
     for ours, m in norms.items():
         if present[ours]:
