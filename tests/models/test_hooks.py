@@ -36,6 +36,22 @@ def test_full_hook_list_is_pinned() -> None:
     assert names == expected
 
 
+def test_hook_list_of_the_pretrained_pieces_is_pinned() -> None:
+    """Sub-norms and fc_norm add their outputs where they act, in forward order; patch_norm,
+    norm_pre and qk-norm act where hook_embed, blocks.0.hook_resid_pre and hook_q/k read."""
+    pieces = dict(patch_norm=True, norm_pre=True, qk_norm=True, attn_sub_norm=True,
+                  mlp_sub_norm=True, final_norm=False, fc_norm=True, pool="mean")  # fmt: skip
+    names = tiny("rope_axial_ape", **pieces).hook_names()
+    expected = ["hook_embed", "hook_pos_embed"]
+    for b in range(2):
+        block = list(BLOCK)
+        block.insert(block.index("attn.hook_result"), "attn.norm.hook_normalized")
+        block.insert(block.index("hook_mlp_out"), "mlp.norm.hook_normalized")
+        expected += [f"blocks.{b}.{n}" for n in block]
+    expected += ["ln_final.hook_normalized", "fc_norm.hook_normalized"]
+    assert names == expected
+
+
 @pytest.mark.parametrize(
     ("posenc", "absent"),
     [
@@ -170,11 +186,14 @@ def test_the_hook_vocabulary_names_real_hook_points() -> None:
     block_of / norm_of read them back: a renamed module or hook fails here, not in an analysis."""
     from poslens.models import hooks as h
 
-    for posenc in ("rope_axial", "ape"):
-        m = tiny(posenc)
+    pieces = dict(attn_sub_norm=True, mlp_sub_norm=True, fc_norm=True)
+    for posenc, kw in (("rope_axial", {}), ("ape", {}), ("ape", pieces)):
+        m = tiny(posenc, **kw)
         names = set(m.hook_names())
         built = [h.EMBED, h.FINAL_NORM] + ([h.POS_EMBED] if posenc == "ape" else [])
+        built += [h.FC_NORM] if kw else []
         for b in range(m.cfg.depth):
+            built += [h.sub_norm(b, "attn"), h.sub_norm(b, "mlp")] if kw else []
             built += [h.resid_pre(b), h.resid_mid(b), h.resid_post(b), h.normalized(b, "ln1"),
                       h.normalized(b, "ln2"), h.block_out(b, "attn"), h.block_out(b, "mlp")]  # fmt: skip
             built += [

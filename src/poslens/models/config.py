@@ -33,10 +33,27 @@ POOLS = ("cls", "mean")
 APE_CODES = ("learned", "rowcol", "cell")
 ROPE_VARIANTS = ("standard", "oblique", "head_split")
 ROPE_BLOCKS = ("all", "first_half")
+MLPS = ("mlp", "swiglu")
+MLP_ACTS = ("gelu", "gelu_tanh", "quick_gelu")
+# pieces of pretrained architectures (CLIP, EVA-02, DeiT distilled, ...), each off by default
+# (timm's names in brackets); a model with any of them on trains and stacks nowhere, it is studied
+ARCH_FIELDS = {
+    "patch_norm": False,  # a LayerNorm on the patch embeddings, before position (patch_embed.norm)
+    "norm_pre": False,  # a LayerNorm on the tokens entering block 0 (CLIP's ln_pre; norm_pre)
+    "qk_norm": False,  # a LayerNorm over each head's q and k, before any rotation (q/k_norm)
+    "attn_sub_norm": False,  # a LayerNorm on the heads' concatenated output, before proj (attn.norm)
+    "mlp": "mlp",  # "mlp" fc1 -> act -> fc2; "swiglu" silu(fc1_g x) * fc1_x x -> fc2 (SwiGLU)
+    "mlp_act": "gelu",  # the "mlp" activation: exact GELU, tanh GELU, or QuickGELU x sigmoid(1.702 x)
+    "mlp_sub_norm": False,  # a LayerNorm on the MLP's hidden layer, before fc2 (mlp.norm)
+    "final_norm": True,  # the LayerNorm on the tokens leaving the last block (norm)
+    "fc_norm": False,  # a LayerNorm on the pooled vector, before the head (fc_norm)
+    "head_dist": False,  # DeiT's distillation head: register 0 is the distillation token, read by
+    # a second head; the logits are the mean of the two heads' (head_dist)
+}
 # fields added after the first release, with the default that to_dict leaves out
 LATER_FIELDS = {
     "rope_coords": "index", "ape_code": "learned", "rope_variant": "standard", "rope_blocks": "all",
-    "sincos_temperature": 10000.0,
+    "sincos_temperature": 10000.0, **ARCH_FIELDS,
 }  # fmt: skip
 
 
@@ -94,6 +111,17 @@ class ModelConfig:
     pool: str = "cls"
     qkv_bias: bool = True
     norm_eps: float = 1e-6
+    # pieces of pretrained architectures: see ARCH_FIELDS
+    patch_norm: bool = False
+    norm_pre: bool = False
+    qk_norm: bool = False
+    attn_sub_norm: bool = False
+    mlp: str = "mlp"
+    mlp_act: str = "gelu"
+    mlp_sub_norm: bool = False
+    final_norm: bool = True
+    fc_norm: bool = False
+    head_dist: bool = False
 
     def __post_init__(self) -> None:
         for name in (
@@ -110,7 +138,8 @@ class ModelConfig:
         for name in ("mlp_ratio", "rope_theta", "norm_eps", "sincos_temperature"):
             positive_float(f"model.{name}", getattr(self, name))
         positive_float("model.ape_init_std", self.ape_init_std, allow_zero=True)
-        for name in ("cls_token", "qkv_bias"):
+        bools = [n for n, v in ARCH_FIELDS.items() if isinstance(v, bool)]
+        for name in ("cls_token", "qkv_bias", *bools):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(
                     f"model.{name} must be true or false, got {getattr(self, name)!r}"
@@ -137,6 +166,14 @@ class ModelConfig:
                 f"model.sincos_temperature needs posenc 'sincos', got {self.posenc!r}"
             )
         one_of("model.pool", self.pool, POOLS)
+        one_of("model.mlp", self.mlp, MLPS)
+        one_of("model.mlp_act", self.mlp_act, MLP_ACTS)
+        if self.mlp == "swiglu" and self.mlp_act != "gelu":
+            raise ConfigError(f"model.mlp_act {self.mlp_act!r} needs model.mlp 'mlp' (SwiGLU gates "
+                              "with SiLU)")  # fmt: skip
+        if self.head_dist and (self.pool != "cls" or not self.num_registers):
+            raise ConfigError("model.head_dist needs model.pool 'cls' and a register (the "
+                              "distillation token)")  # fmt: skip
         if self.image_size % self.patch_size:
             raise ConfigError(
                 f"model.image_size ({self.image_size}) is not divisible by "
@@ -190,6 +227,10 @@ class ModelConfig:
     @property
     def family(self) -> str:
         return posenc_family(self.posenc)
+
+    def arch_pieces(self) -> list[str]:
+        """The pretrained-architecture fields (ARCH_FIELDS) not at their default, in order."""
+        return [n for n, v in ARCH_FIELDS.items() if getattr(self, n) != v]
 
     @property
     def scale(self) -> dict[str, int]:

@@ -37,6 +37,8 @@ class StackedViT(nn.Module):
         cfg = models[0].cfg
         if any(m.cfg != cfg for m in models):
             raise ValueError("the members of an ensemble must share one model config")
+        if cfg.arch_pieces():  # its forward is the plain ViT's (see ModelConfig's ARCH_FIELDS)
+            raise ValueError(f"an ensemble stacks plain ViTs; this one has {cfg.arch_pieces()[0]}")
         self.cfg, self.size = cfg, len(models)
         self.names = [n for n, _ in models[0].named_parameters()]
         if set(self.names) != set(models[0].state_dict()):  # checkpoints are the parameters only

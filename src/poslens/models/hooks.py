@@ -25,6 +25,8 @@ NameFilter = str | Sequence[str] | Callable[[str], bool]
 
 EMBED, POS_EMBED = "hook_embed", "hook_pos_embed"  # patch embeddings; the added position table
 FINAL_NORM = "ln_final.hook_normalized"  # the final norm's output: the "out" site
+# (without a final norm, model.final_norm false, the last block's output as the head reads it)
+FC_NORM = "fc_norm.hook_normalized"  # [B, D] the pooled vector after fc_norm, entering the head
 ATTN_HOOKS = ("q", "k", "v", "rotary", "rot_q", "rot_k", "attn_scores", "pattern", "z", "result")
 
 
@@ -58,6 +60,14 @@ def attn(b: int, name: str) -> str:
 def block_out(b: int, component: str) -> str:
     """Block b's attention ("attn") or MLP ("mlp") output, before it joins the residual."""
     return f"blocks.{b}.hook_{component}_out"
+
+
+def sub_norm(b: int, component: str) -> str:
+    """The sub-LN inside block b's attention ("attn": over the heads' concatenated output, before
+    proj) or MLP ("mlp": over the hidden layer, before fc2), where the model has one."""
+    if component not in ("attn", "mlp"):
+        raise ValueError(f"no sub-norm in {component!r}; expected 'attn' or 'mlp'")
+    return f"blocks.{b}.{component}.norm.hook_normalized"
 
 
 def block_of(name: str) -> int | None:

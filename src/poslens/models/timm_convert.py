@@ -30,17 +30,28 @@ import torch
 from torch import nn
 
 from poslens._timm import import_timm
-from poslens.errors import CheckpointError, ConfigError, UserError
-from poslens.io import check_state_dict, load_tensors, read_json
+from poslens.errors import ConfigError, UserError
 from poslens.models.config import ModelConfig
+from poslens.models.timm_weights import (
+    head_classes,
+    load_timm_weights,
+    read_kwargs,
+    read_timm_weights,
+)
 from poslens.models.vit import ViT
+
+
+def known_timm(name: str) -> Any:
+    """The timm module, once `name` is known to it (UserError if not)."""
+    timm = import_timm()
+    if not timm.is_model(name):
+        raise UserError(f"unknown timm model {name!r} (list them with timm.list_models('vit_*'))")
+    return timm
 
 
 def create_timm(name: str, pretrained: bool = False, **kwargs: Any) -> nn.Module:
     """Build timm model `name` (random weights unless `pretrained`, which downloads from the hub)."""
-    timm = import_timm()
-    if not timm.is_model(name):
-        raise UserError(f"unknown timm model {name!r} (list them with timm.list_models('vit_*'))")
+    timm = known_timm(name)
     try:
         model = timm.create_model(name, pretrained=pretrained, **kwargs)
     except (TypeError, ValueError, AssertionError, KeyError) as e:
@@ -52,39 +63,6 @@ def create_timm(name: str, pretrained: bool = False, **kwargs: Any) -> nn.Module
             f"timm could not fetch pretrained weights for {name!r}: {str(e).splitlines()[0]}"
         ) from None
     return model.eval()
-
-
-def load_timm_weights(model: nn.Module, name: str, path: str | Path) -> None:
-    """Load a local safetensors state dict (timm key names) into a timm model, checking every tensor."""
-    path = Path(path)
-    if not path.exists():
-        raise CheckpointError(f"weights file not found: {path}")
-    state = load_tensors(path)
-    check_state_dict(state, model.state_dict(), f"{path} (does not fit timm:{name})")
-    model.load_state_dict(state)
-
-
-# the timm shape arguments of weights that `poslens export --timm` wrote (models/timm_export.py):
-# FILE.timm.json beside FILE.safetensors
-KWARGS_SUFFIX = ".timm.json"
-
-
-def kwargs_file(weights: str | Path) -> Path:
-    """Where the timm shape arguments of an exported weights file live."""
-    p = Path(weights)
-    return p.with_name(p.name.removesuffix(".safetensors") + KWARGS_SUFFIX)
-
-
-def read_kwargs(weights: str | Path) -> dict[str, Any]:
-    """The timm shape arguments written beside `weights` by `export_timm` ({} if none)."""
-    f = kwargs_file(weights)
-    if not f.is_file():
-        return {}
-    doc = read_json(f, "timm arguments")
-    kwargs = doc.get("kwargs") if isinstance(doc, dict) else None
-    if not isinstance(kwargs, dict):
-        raise UserError(f"{f} has no 'kwargs' object")
-    return kwargs
 
 
 def _unsupported(name: str, what: str) -> UserError:
@@ -161,29 +139,91 @@ def _gamma(block: nn.Module, which: int) -> torch.Tensor | None:
     return getattr(block, f"gamma_{which}", None)  # EVA block
 
 
+def _mlp_act(act: nn.Module, name: str) -> str:
+    """poslens' name (ModelConfig.mlp_act) of a timm MLP activation."""
+    kind = type(act).__name__
+    if isinstance(act, nn.GELU):
+        return "gelu" if act.approximate == "none" else "gelu_tanh"
+    if kind in ("GELUTanh", "QuickGELU"):
+        return {"GELUTanh": "gelu_tanh", "QuickGELU": "quick_gelu"}[kind]
+    raise _unsupported(name, f"MLP activation {kind}")
+
+
+def _mlp_kind(mlp: nn.Module, name: str) -> str:
+    """The MLP's kind: "mlp" (fc1 -> act -> fc2) or "swiglu" (SwiGLU, or GluMlp gating first)."""
+    kind = type(mlp).__name__
+    if kind == "Mlp":
+        return "mlp"
+    silu = isinstance(getattr(mlp, "act", None), nn.SiLU)
+    if (kind == "SwiGLU" and silu) or (kind == "GluMlp" and silu and not mlp.gate_last):
+        return "swiglu"
+    raise _unsupported(name, f"MLP type {kind} (poslens has a GELU-family Mlp and SwiGLU)")
+
+
+def _mlp_linears(mlp: nn.Module) -> list[nn.Linear]:
+    """The MLP's linear layers (fc1 or fc1_g / fc1_x, then fc2)."""
+    return [getattr(mlp, n) for n in ("fc1", "fc1_g", "fc1_x", "fc2") if hasattr(mlp, n)]
+
+
+def _mlp_state(mlp: nn.Module) -> dict[str, torch.Tensor]:
+    """fc1 (or fc1_g / fc1_x) tensors under poslens' names; a packed GluMlp's fc1 is split into
+    its gate (first half) and value (second half)."""
+    if type(mlp).__name__ == "GluMlp":
+        (wg, wx), (bg, bx) = mlp.fc1.weight.chunk(2), mlp.fc1.bias.chunk(2)
+        return {"fc1_g.weight": wg, "fc1_g.bias": bg, "fc1_x.weight": wx, "fc1_x.bias": bx}
+    out = {}
+    for n in ("fc1", "fc1_g", "fc1_x"):
+        if hasattr(mlp, n):
+            out[n + ".weight"], out[n + ".bias"] = getattr(mlp, n).weight, getattr(mlp, n).bias
+    return out
+
+
+def _hidden(mlp: nn.Module) -> int:
+    """Width of the MLP's hidden layer (after gating)."""
+    fc2 = mlp.fc2
+    return int(fc2.in_features)
+
+
+def _block_kind(block: nn.Module, name: str) -> dict[str, Any]:
+    """The ModelConfig fields a timm block sets: its MLP, activation, qk-norm and sub-LNs."""
+    mlp = _mlp_kind(block.mlp, name)
+    return {
+        "mlp": mlp,
+        "mlp_act": _mlp_act(block.mlp.act, name) if mlp == "mlp" else "gelu",
+        "qk_norm": not _is_identity(getattr(block.attn, "q_norm", None)),
+        "attn_sub_norm": not _is_identity(getattr(block.attn, "norm", None)),
+        "mlp_sub_norm": not _is_identity(getattr(block.mlp, "norm", None)),
+    }
+
+
+def _block_norms(block: nn.Module) -> dict[str, nn.Module]:
+    """A timm block's norms under poslens' names (relative to the block), where present."""
+    attn, mlp = block.attn, block.mlp
+    found = {"ln1": block.norm1, "ln2": block.norm2, "attn.q_norm": getattr(attn, "q_norm", None),
+             "attn.k_norm": getattr(attn, "k_norm", None), "attn.norm": getattr(attn, "norm", None),
+             "mlp.norm": getattr(mlp, "norm", None)}  # fmt: skip
+    return {k: m for k, m in found.items() if not _is_identity(m)}
+
+
 def _check_block(block: nn.Module, name: str) -> None:
-    """Refuse block features poslens' Block cannot reproduce (qk-norm, SwiGLU, gating, ...)."""
+    """Refuse block features poslens' Block cannot reproduce (gating, grouped queries, ...)."""
     kind = type(block).__name__
     if kind not in ("Block", "EvaBlock"):
         raise _unsupported(name, f"block type {kind} (poslens has pre-norm Block / EvaBlock)")
     attn, mlp = block.attn, block.mlp
     if type(attn).__name__ not in ("Attention", "AttentionRope", "EvaAttention"):
         raise _unsupported(name, f"attention type {type(attn).__name__}")
-    for sub in ("q_norm", "k_norm", "norm"):
-        if not _is_identity(getattr(attn, sub, None)):
-            raise _unsupported(name, f"attention has {sub} (qk / scale norm)")
+    if _is_identity(getattr(attn, "q_norm", None)) != _is_identity(getattr(attn, "k_norm", None)):
+        raise _unsupported(name, "attention with a norm on q or k alone")
     if getattr(attn, "gate", None) is not None:
         raise _unsupported(name, "gated attention")
     if getattr(attn, "num_kv_groups", 1) != 1:
         raise _unsupported(name, "grouped-query attention")
     if getattr(attn.proj, "bias", None) is None:
         raise _unsupported(name, "attention projection without bias")
-    if type(mlp).__name__ != "Mlp" or not _is_identity(getattr(mlp, "norm", None)):
-        raise _unsupported(name, f"MLP type {type(mlp).__name__} (poslens uses a GELU Mlp)")
-    act = mlp.act
-    if not isinstance(act, nn.GELU) or act.approximate != "none":
-        raise _unsupported(name, f"MLP activation {act} (poslens uses exact GELU)")
-    if mlp.fc1.bias is None or mlp.fc2.bias is None:
+    if _mlp_kind(mlp, name) == "mlp":
+        _mlp_act(mlp.act, name)
+    if any(lin.bias is None for lin in _mlp_linears(mlp)):
         raise _unsupported(name, "MLP without biases")
 
 
@@ -218,17 +258,20 @@ def _rotary(tm: nn.Module, name: str, head_dim: int) -> tuple[str, float, torch.
 def convert(tm: nn.Module, name: str) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     """ModelConfig and poslens state dict reproducing a timm VisionTransformer / Eva in eval mode."""
     arch = type(tm).__name__
-    if arch not in ("VisionTransformer", "Eva"):
+    distilled = arch == "VisionTransformerDistilled"
+    if arch not in ("VisionTransformer", "Eva") and not distilled:
         raise _unsupported(name, f"architecture {arch} (poslens converts VisionTransformer, Eva)")
     pe = tm.patch_embed
-    if not _is_identity(getattr(pe, "norm", None)) or getattr(pe, "dynamic_img_pad", False):
-        raise _unsupported(name, "patch embedding with norm or padding")
-    if not _is_identity(getattr(tm, "norm_pre", None)):
-        raise _unsupported(name, "pre-transformer norm (norm_pre)")
+    if getattr(pe, "dynamic_img_pad", False):
+        raise _unsupported(name, "patch embedding with padding")
     if getattr(tm, "attn_pool", None) is not None:
         raise _unsupported(name, "attention pooling head (global_pool='map')")
-    if not _is_identity(getattr(tm, "fc_norm", None)):
-        raise _unsupported(name, "fc_norm after pooling (poslens normalises tokens before pooling)")
+    # timm's norms outside the blocks under poslens' names, in forward order
+    norms = {"patch_norm": getattr(pe, "norm", None), "norm_pre": getattr(tm, "norm_pre", None),
+             "ln_final": getattr(tm, "norm", None), "fc_norm": getattr(tm, "fc_norm", None)}  # fmt: skip
+    present = {n: not _is_identity(m) for n, m in norms.items()}
+    if distilled and (present["fc_norm"] or not isinstance(tm.head_dist, nn.Linear)):
+        raise _unsupported(name, "distillation head with fc_norm or without a classifier")
     if not isinstance(tm.head, nn.Linear) and not _is_identity(tm.head):
         raise _unsupported(name, f"classifier head {type(tm.head).__name__} (not linear)")
     if getattr(tm, "pool_include_prefix", False):
@@ -244,16 +287,21 @@ def convert(tm: nn.Module, name: str) -> tuple[ModelConfig, dict[str, torch.Tens
     heads = int(b0.attn.num_heads)
     if b0.attn.head_dim * heads != dim:
         raise _unsupported(name, "attention head dimension other than dim / heads")
-    hidden = b0.mlp.fc1.out_features
-    eps = {_layer_norm_eps(tm.norm, name, "final norm")}
+    hidden = _hidden(b0.mlp)
+    timm_names = {"patch_norm": "patch_embed.norm", "ln_final": "norm"}
+    eps = {_layer_norm_eps(m, name, timm_names.get(n, n)) for n, m in norms.items() if present[n]}
+    block_kind = _block_kind(b0, name)
     for i, b in enumerate(blocks):
-        eps |= {_layer_norm_eps(b.norm1, name, f"blocks.{i}.norm1")}
-        eps |= {_layer_norm_eps(b.norm2, name, f"blocks.{i}.norm2")}
-        if b.mlp.fc1.out_features != hidden or b.attn.num_heads != heads:
+        if _hidden(b.mlp) != hidden or b.attn.num_heads != heads:
             raise _unsupported(name, "blocks of different widths")
+        if _block_kind(b, name) != block_kind:
+            raise _unsupported(name, "blocks of different kinds")
+        for where, norm in _block_norms(b).items():
+            eps |= {_layer_norm_eps(norm, name, f"blocks.{i}.{where}")}
     if len(eps) != 1:
         raise _unsupported(name, f"LayerNorms with different eps {sorted(eps)}")
-    num_registers = 0 if tm.reg_token is None else int(tm.reg_token.shape[1])
+    reg = tm.dist_token if distilled else tm.reg_token  # DeiT's distillation token: register 0
+    num_registers = 0 if reg is None else int(reg.shape[1])
     has_cls = tm.cls_token is not None
     num_prefix = int(has_cls) + num_registers
 
@@ -284,6 +332,16 @@ def convert(tm: nn.Module, name: str) -> tuple[ModelConfig, dict[str, torch.Tens
             pool=pool,
             qkv_bias=_qkv(b0.attn, dim)[1] is not None,
             norm_eps=eps.pop(),
+            patch_norm=present["patch_norm"],
+            norm_pre=present["norm_pre"],
+            qk_norm=block_kind["qk_norm"],
+            attn_sub_norm=block_kind["attn_sub_norm"],
+            mlp=block_kind["mlp"],
+            mlp_act=block_kind["mlp_act"],
+            mlp_sub_norm=block_kind["mlp_sub_norm"],
+            final_norm=present["ln_final"],
+            fc_norm=present["fc_norm"],
+            head_dist=distilled,
         )
     except ConfigError as e:
         raise _unsupported(name, str(e)) from None
@@ -294,7 +352,7 @@ def convert(tm: nn.Module, name: str) -> tuple[ModelConfig, dict[str, torch.Tens
     w = pe.proj.weight
     sd["patch_embed.weight"] = w
     sd["patch_embed.bias"] = pe.proj.bias if pe.proj.bias is not None else w.new_zeros(dim)
-    prefix = [t for t in (tm.cls_token, tm.reg_token) if t is not None]
+    prefix = [t for t in (tm.cls_token, reg) if t is not None]
     prefix_t = torch.cat(prefix, dim=1) if prefix else None  # [1, num_prefix, D]
     if tm.pos_embed is not None:
         pos = tm.pos_embed  # [1, (num_prefix if embedded) + N, D]
@@ -326,10 +384,17 @@ def convert(tm: nn.Module, name: str) -> tuple[ModelConfig, dict[str, torch.Tens
             g = _gamma(b, branch)
             sd[p + ours + ".weight"] = theirs.weight if g is None else g[:, None] * theirs.weight
             sd[p + ours + ".bias"] = theirs.bias if g is None else g * theirs.bias
-        sd[p + "mlp.fc1.weight"], sd[p + "mlp.fc1.bias"] = b.mlp.fc1.weight, b.mlp.fc1.bias
+        sd.update({p + "mlp." + k: v for k, v in _mlp_state(b.mlp).items()})
         for ours, theirs in (("ln1", b.norm1), ("ln2", b.norm2)):
             sd[p + ours + ".weight"], sd[p + ours + ".bias"] = theirs.weight, theirs.bias
-    sd["ln_final.weight"], sd["ln_final.bias"] = tm.norm.weight, tm.norm.bias
+        for ours, norm in _block_norms(b).items():
+            if ours not in ("ln1", "ln2"):  # those two are renamed above
+                sd[p + ours + ".weight"], sd[p + ours + ".bias"] = norm.weight, norm.bias
+    for ours, m in norms.items():
+        if present[ours]:
+            sd[ours + ".weight"], sd[ours + ".bias"] = m.weight, m.bias
+    if distilled:
+        sd["head_dist.weight"], sd["head_dist.bias"] = tm.head_dist.weight, tm.head_dist.bias
     if isinstance(tm.head, nn.Linear):
         sd["head.weight"], sd["head.bias"] = tm.head.weight, tm.head.bias
     else:  # a backbone without classifier (DINOv3): poslens' empty head, logits [B, 0]
@@ -369,11 +434,16 @@ def load_timm(name: str, weights: str | Path, device: str = "cpu", **timm_kwargs
     the shape arguments that `poslens export --timm` wrote beside the weights (timm_export).
     """
     hub = str(weights) == "hub"
+    state = None
+    known_timm(name)
     if not hub:
-        timm_kwargs = read_kwargs(weights) | timm_kwargs
+        state = read_timm_weights(weights)
+        # the classifier the file carries (a tagged checkpoint's: .dino, .mae, .clip, ...)
+        # unless the caller or the export's arguments say otherwise
+        timm_kwargs = {"num_classes": head_classes(state)} | read_kwargs(weights) | timm_kwargs
     tm = create_timm(name, pretrained=hub, **timm_kwargs)
-    if not hub:
-        load_timm_weights(tm, name, weights)
+    if state is not None:
+        load_timm_weights(tm, name, weights, state, **timm_kwargs)
     cfg, sd = convert(tm, name)
     model = ViT(cfg)
     model.load_state_dict(sd)

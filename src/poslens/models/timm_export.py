@@ -27,15 +27,8 @@ from torch import nn
 from poslens.errors import UserError
 from poslens.io import save_tensors, write_json
 from poslens.models.config import ModelConfig
-from poslens.models.timm_convert import (
-    KWARGS_SUFFIX,
-    check_rotary,
-    convert,
-    create_timm,
-    import_timm,
-    kwargs_file,
-    read_kwargs,
-)
+from poslens.models.timm_convert import check_rotary, convert, create_timm, import_timm
+from poslens.models.timm_weights import KWARGS_SUFFIX, kwargs_file, read_kwargs
 from poslens.models.vit import ViT
 
 EXPORTABLE = ("ape", "none", "rope_axial")
@@ -45,6 +38,9 @@ LAYER_SCALE = ("gamma_1", "gamma_2", "ls1.gamma", "ls2.gamma")
 def timm_kwargs(cfg: ModelConfig) -> dict[str, Any]:
     """The timm constructor arguments that rebuild `cfg`'s architecture (UserError when timm's
     VisionTransformer / naver Eva cannot express it)."""
+    if cfg.arch_pieces():  # exported as a plain timm VisionTransformer
+        raise UserError(f"export to timm supports the plain ViT; this model has "
+                        f"model.{cfg.arch_pieces()[0]}")  # fmt: skip
     if cfg.posenc not in EXPORTABLE:
         raise UserError(f"export to timm supports {', '.join(EXPORTABLE)}, not {cfg.posenc}")
     if cfg.posenc == "rope_axial":

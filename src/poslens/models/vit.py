@@ -1,6 +1,7 @@
 """The one Vision Transformer of poslens, instrumented with hook points.
 
-Reads top to bottom: LayerNorm with a hook, Attention, Mlp, Block, ViT. Tensor layouts:
+Reads top to bottom: LayerNorm with a hook (and NoNorm, its place where a model has none),
+Attention, Mlp and SwiGLU, Block, ViT. Tensor layouts:
 tokens [B, T, D] with T = num_prefix + gh*gw (CLS, registers, then patches row-major);
 per-head tensors q, k, v, z [B, H, T, dh]; scores/pattern [B, H, T, T]; rotary table
 [2, H, T, P] (cos, sin) with P = dh / 2 planes.
@@ -43,15 +44,44 @@ class LayerNorm(nn.LayerNorm):
         return self.hook_normalized(super().forward(x))
 
 
-class Attention(nn.Module):
-    """Multi-head self-attention with optional rotary q/k (same weight layout as timm's Attention)."""
+class NoNorm(nn.Module):
+    """The place of a norm a model does not have (no final norm): its input, as `hook_normalized`."""
 
-    def __init__(self, dim: int, heads: int, qkv_bias: bool, rope_layout: str | None) -> None:
+    def __init__(self) -> None:
+        super().__init__()
+        self.hook_normalized = HookPoint()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.hook_normalized(x)
+
+
+def norm_or_none(on: bool, dim: int, eps: float) -> LayerNorm | None:
+    """A LayerNorm where a config field switches one on, else None."""
+    return LayerNorm(dim, eps) if on else None
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention with optional rotary q/k (same weight layout as timm's Attention);
+    qk_norm: a LayerNorm over each head's q and k before rotation (hook_q / hook_k see them
+    normalised); sub_norm: a LayerNorm over the heads' concatenated output before proj."""
+
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        qkv_bias: bool,
+        rope_layout: str | None,
+        qk_norm: bool = False,
+        sub_norm: bool = False,
+        eps: float = 1e-6,
+    ) -> None:
         super().__init__()
         self.heads, self.head_dim = heads, dim // heads
         self.scale = self.head_dim**-0.5
         self.rope_layout = rope_layout
         self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
+        self.q_norm = nn.LayerNorm(self.head_dim, eps=eps) if qk_norm else None
+        self.k_norm = nn.LayerNorm(self.head_dim, eps=eps) if qk_norm else None
         self.proj = nn.Linear(dim, dim)
         self.hook_q, self.hook_k, self.hook_v = HookPoint(), HookPoint(), HookPoint()
         if rope_layout is not None:
@@ -60,6 +90,7 @@ class Attention(nn.Module):
         self.hook_attn_scores = HookPoint()  # [B, H, T, T] scaled logits, before softmax
         self.hook_pattern = HookPoint()  # [B, H, T, T]
         self.hook_z = HookPoint()  # [B, H, T, dh] per-head mix of values
+        self.norm = norm_or_none(sub_norm, dim, eps)  # [B, T, D] over the heads' concatenation
         # [B, T, H, D] per-head outputs, H times the residual's memory: computed only when hooked,
         # then the output is their sum (so in-place edits count) instead of one projection
         self.hook_result = HookPoint()
@@ -72,7 +103,7 @@ class Attention(nn.Module):
         B, T, D = x.shape
         qkv = self.qkv(x).reshape(B, T, 3, self.heads, self.head_dim)  # token-major
         rope = self.rope_layout is not None and rotary is not None
-        if rope and not any(h.active for h in self.rotation_hooks()):
+        if rope and self.q_norm is None and not any(h.active for h in self.rotation_hooks()):
             # nobody reads or rewrites q, k or the table: rotate q and k together in the linear's
             # layout, over contiguous memory (the same numbers as the per-head path below)
             # (split and unbind, not indexing: their backward writes qkv's gradient in one pass,
@@ -84,6 +115,8 @@ class Attention(nn.Module):
             v = self.hook_v(v.squeeze(2).transpose(1, 2))
         else:
             q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+            if self.q_norm is not None and self.k_norm is not None:
+                q, k = self.q_norm(q), self.k_norm(k)
             q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
             if rope:
                 cos, sin = channel_tables(self.hook_rotary(rotary), self.rope_layout, q.dtype)
@@ -106,6 +139,9 @@ class Attention(nn.Module):
             pattern = self.hook_pattern(scores.softmax(dim=-1))
             z = pattern @ v
         z = self.hook_z(z)
+        if self.norm is not None:  # normalise the concatenation, then split into heads again
+            z = self.norm(z.transpose(1, 2).reshape(B, T, D)).view(B, T, self.heads, -1)
+            z = z.transpose(1, 2)
         if self.hook_result.active:
             w = self.proj.weight.view(D, self.heads, self.head_dim)  # [D_out, H, dh]
             result = self.hook_result(torch.einsum("bhtd,ohd->btho", z, w))
@@ -119,17 +155,56 @@ class Attention(nn.Module):
         return [self.hook_q, self.hook_k, self.hook_rotary, self.hook_rot_q, self.hook_rot_k]
 
 
-class Mlp(nn.Module):
-    """Two-layer GELU MLP."""
+class QuickGELU(nn.Module):
+    """x * sigmoid(1.702 x): OpenAI CLIP's approximation of GELU."""
 
-    def __init__(self, dim: int, hidden: int) -> None:
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.sigmoid(1.702 * x)
+
+
+ACTIVATIONS = {"gelu": lambda: nn.GELU(), "gelu_tanh": lambda: nn.GELU(approximate="tanh"),
+               "quick_gelu": QuickGELU}  # fmt: skip
+
+
+class Mlp(nn.Module):
+    """Two-layer MLP (GELU by default); sub_norm: a LayerNorm on the hidden layer before fc2."""
+
+    def __init__(
+        self, dim: int, hidden: int, act: str = "gelu", sub_norm: bool = False, eps: float = 1e-6
+    ) -> None:
         super().__init__()
         self.fc1 = nn.Linear(dim, hidden)
-        self.act = nn.GELU()
+        self.act = ACTIVATIONS[act]()
+        self.norm = norm_or_none(sub_norm, hidden, eps)
         self.fc2 = nn.Linear(hidden, dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.act(self.fc1(x)))
+        x = self.act(self.fc1(x))
+        return self.fc2(x if self.norm is None else self.norm(x))
+
+
+class SwiGLU(nn.Module):
+    """Gated MLP of EVA-02 (timm's SwiGLU): fc2(silu(fc1_g x) * fc1_x x), sub_norm as in Mlp."""
+
+    def __init__(self, dim: int, hidden: int, sub_norm: bool = False, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.fc1_g = nn.Linear(dim, hidden)
+        self.fc1_x = nn.Linear(dim, hidden)
+        self.act = nn.SiLU()
+        self.norm = norm_or_none(sub_norm, hidden, eps)
+        self.fc2 = nn.Linear(hidden, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.act(self.fc1_g(x)) * self.fc1_x(x)
+        return self.fc2(x if self.norm is None else self.norm(x))
+
+
+def build_mlp(cfg: ModelConfig) -> Mlp | SwiGLU:
+    """The MLP of a block as the config describes it (model.mlp, mlp_act, mlp_sub_norm)."""
+    hidden = int(cfg.dim * cfg.mlp_ratio)
+    if cfg.mlp == "swiglu":
+        return SwiGLU(cfg.dim, hidden, cfg.mlp_sub_norm, cfg.norm_eps)
+    return Mlp(cfg.dim, hidden, cfg.mlp_act, cfg.mlp_sub_norm, cfg.norm_eps)
 
 
 class Block(nn.Module):
@@ -140,12 +215,18 @@ class Block(nn.Module):
         self.hook_resid_pre = HookPoint()
         self.ln1 = LayerNorm(cfg.dim, cfg.norm_eps)
         self.attn = Attention(
-            cfg.dim, cfg.heads, cfg.qkv_bias, cfg.rope_layout if cfg.uses_rope else None
+            cfg.dim,
+            cfg.heads,
+            cfg.qkv_bias,
+            cfg.rope_layout if cfg.uses_rope else None,
+            cfg.qk_norm,
+            cfg.attn_sub_norm,
+            cfg.norm_eps,
         )
         self.hook_attn_out = HookPoint()
         self.hook_resid_mid = HookPoint()
         self.ln2 = LayerNorm(cfg.dim, cfg.norm_eps)
-        self.mlp = Mlp(cfg.dim, int(cfg.dim * cfg.mlp_ratio))
+        self.mlp = build_mlp(cfg)
         self.hook_mlp_out = HookPoint()
         self.hook_resid_post = HookPoint()
 
@@ -175,6 +256,8 @@ class ViT(HookedModule):
         self.train_cls_exit = True
         D, g = cfg.dim, cfg.grid
         self.patch_embed = nn.Conv2d(cfg.in_chans, D, cfg.patch_size, stride=cfg.patch_size)
+        # patch_norm and norm_pre act where a hook already reads: hook_embed, blocks.0.hook_resid_pre
+        self.patch_norm = nn.LayerNorm(D, eps=cfg.norm_eps) if cfg.patch_norm else None
         self.cls_token = nn.Parameter(torch.zeros(1, 1, D)) if cfg.cls_token else None
         self.reg_tokens = (
             nn.Parameter(torch.zeros(1, cfg.num_registers, D)) if cfg.num_registers else None
@@ -197,12 +280,16 @@ class ViT(HookedModule):
         self.hook_embed = HookPoint()  # [B, gh*gw, D] patch embeddings, before any position
         if cfg.uses_additive_pos:
             self.hook_pos_embed = HookPoint()  # [1, gh*gw, D] what gets added to the patches
+        self.norm_pre = nn.LayerNorm(D, eps=cfg.norm_eps) if cfg.norm_pre else None
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.depth))
-        self.ln_final = LayerNorm(D, cfg.norm_eps)
+        self.ln_final: LayerNorm | NoNorm = LayerNorm(D, cfg.norm_eps) if cfg.final_norm else NoNorm()
+        self.fc_norm = norm_or_none(cfg.fc_norm, D, cfg.norm_eps)  # [B, D] the pooled vector
         # [B, D] -> [B, num_classes]; num_classes=0 (a backbone such as DINOv3): logits [B, 0]
         with warnings.catch_warnings():  # torch warns that initialising an empty head is a no-op
             warnings.filterwarnings("ignore", "Initializing zero-element tensors")
             self.head = nn.Linear(D, cfg.num_classes)
+            # DeiT's distillation head on register 0 (the distillation token)
+            self.head_dist = nn.Linear(D, cfg.num_classes) if cfg.head_dist else None
         self.init_weights()
         self.setup_hooks()
 
@@ -263,13 +350,15 @@ class ViT(HookedModule):
     def embed(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
         """Images [B, C, H, W] -> tokens [B, T, D] entering block 0, and the grid."""
         gh, gw = self.grid_of(x)
-        x = self.hook_embed(self.patch_embed(x).flatten(2).transpose(1, 2))  # [B, N, D]
+        x = self.patch_embed(x).flatten(2).transpose(1, 2)  # [B, N, D]
+        x = self.hook_embed(x if self.patch_norm is None else self.patch_norm(x))
         if self.cfg.uses_additive_pos:
             x = x + self.hook_pos_embed(self.pos_embed_for(gh, gw))
         prefix = [
             t.expand(x.shape[0], -1, -1) for t in (self.cls_token, self.reg_tokens) if t is not None
         ]
-        return torch.cat([*prefix, x], dim=1), (gh, gw)
+        x = torch.cat([*prefix, x], dim=1)
+        return (x if self.norm_pre is None else self.norm_pre(x)), (gh, gw)
 
     def forward(
         self, x: torch.Tensor, start_at: int = 0, grid: tuple[int, int] | None = None
@@ -291,6 +380,10 @@ class ViT(HookedModule):
         x = self._blocks(x, gh, gw, start_at, self.cfg.depth, cls_exit=self.cls_exit())
         x = self.ln_final(x)  # [B, 1, D] after a CLS exit
         pooled = x[:, 0] if self.cfg.pool == "cls" else x[:, self.cfg.num_prefix :].mean(dim=1)
+        if self.fc_norm is not None:
+            pooled = self.fc_norm(pooled)
+        if self.head_dist is not None:  # DeiT distilled: the mean of the CLS and the dist. heads
+            return (self.head(pooled) + self.head_dist(x[:, 1])) / 2
         return self.head(pooled)
 
     def residual(self, x: torch.Tensor, block: int) -> torch.Tensor:
@@ -321,7 +414,7 @@ class ViT(HookedModule):
         attention's z, output and MLP, its residual after attention, and ln_final (hook points
         or plain module hooks). Its input, ln1, q, k, v and rotations see every token as ever,
         so a rotary mask or a probe of the last block's input leaves the exit on."""
-        if not self.train_cls_exit or self.cfg.pool != "cls":
+        if not self.train_cls_exit or self.cfg.pool != "cls" or self.cfg.head_dist:
             return False
         last = self.blocks[-1]
         attn = last.attn
@@ -339,6 +432,8 @@ class ViT(HookedModule):
         reach the rest of the network rewrites that residual, not the norm's output alone."""
         norm, b = hooks.norm_of(name), hooks.block_of(name)
         if norm == "ln_final":
+            if not isinstance(self.ln_final, LayerNorm):  # no final norm: its output is the residual
+                return None
             return hooks.resid_post(self.cfg.depth - 1), self.ln_final
         if norm is None or b is None or not 0 <= b < self.cfg.depth:
             return None
@@ -353,7 +448,8 @@ class ViT(HookedModule):
         cfg = self.cfg
         T, D = cfg.num_prefix + cfg.grid**2, cfg.dim
         hidden = int(D * cfg.mlp_ratio)
-        per_block = 2 * T * (3 * D * D + D * D + 2 * D * hidden) + 2 * 2 * T * T * D
+        mlp_mats = 3 if cfg.mlp == "swiglu" else 2
+        per_block = 2 * T * (3 * D * D + D * D + mlp_mats * D * hidden) + 2 * 2 * T * T * D
         embed = 2 * cfg.grid**2 * cfg.in_chans * cfg.patch_size**2 * D
         total = embed + cfg.depth * per_block + 2 * D * cfg.num_classes
         return float(total * (3 if train else 1))
@@ -413,4 +509,4 @@ def build_model(cfg: ModelConfig, seed: int | None = None) -> ViT:
     return model
 
 
-__all__ = ["Attention", "Block", "LayerNorm", "Mlp", "ViT", "build_model"]
+__all__ = ["Attention", "Block", "LayerNorm", "Mlp", "NoNorm", "SwiGLU", "ViT", "build_model"]
