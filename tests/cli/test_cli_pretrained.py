@@ -89,6 +89,19 @@ def test_analyze_pretrained_runs_experiments(
         assert all((out / f).is_file() for f in entry["files"])
 
 
+def test_resolution_is_skipped_on_pretrained_images_with_its_reason(
+    weights: Path, folder: Path, tmp_path: Path, tiny_timm: None
+) -> None:
+    """A pretrained model's images are preprocessed to its own size: the resolution experiment
+    has no larger grid of them, so it is skipped (with why) instead of crashing the run."""
+    out = tmp_path / "out"
+    extra = ("--experiments", "axis_map,resolution", "--device", "auto")
+    assert _analyze(weights, folder, out, *extra) == 0
+    entry = json.loads((out / "analysis.json").read_text())["experiments"]["resolution"]
+    assert "preprocessed to its own size" in entry["skipped"]
+    assert _analyze(weights, folder, tmp_path / "o2", "--experiments", "resolution") == 2
+
+
 @pytest.mark.parametrize(
     "args,message",
     [

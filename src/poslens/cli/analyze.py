@@ -40,7 +40,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     import poslens
     from poslens import distributed, experiments
     from poslens.errors import OutputError
-    from poslens.experiments.analyze import analyze
+    from poslens.experiments.analyze import analyze, why_not
     from poslens.experiments.registry import configs as experiment_configs
     from poslens.experiments.sae_causal import given
     from poslens.io import jsonable, write_json
@@ -94,7 +94,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     if saes:
         source["sae"] = list(args.sae)  # type: ignore[assignment]
     autocast(model, args.precision)  # UserError here if torch cannot run this precision here
-    reasons = [experiments.get(n).applies(model) for n in names]
+    reasons = [why_not(experiments.get(n), model, data) for n in names]
     if all(r is not None for r in reasons):  # nothing would run: an error, not a run of skips
         why = "; ".join(f"{n}: {r}" for n, r in zip(names, reasons, strict=True))
         raise UserError(f"--experiments {args.experiments}: none applies to this model ({why})")

@@ -14,6 +14,7 @@ import torch
 from poslens import experiments
 from poslens.data import Task
 from poslens.experiments.config import ExperimentConfig, resolved
+from poslens.experiments.output import Experiment
 from poslens.experiments.readout import ReferenceCache
 from poslens.io import jsonable, removed_on_error
 from poslens.models.vit import ViT
@@ -50,7 +51,7 @@ def analyze(
     records: dict[str, Record] = {}
     for name, cfg in zip(names, configs, strict=True):
         module = experiments.get(name)
-        reason = module.applies(model)
+        reason = why_not(module, model, data)
         if reason is not None:
             record: Record = {"skipped": reason}
         else:
@@ -73,6 +74,14 @@ def analyze(
         if on_done is not None:
             on_done(name, record)
     return records
+
+
+def why_not(module: Experiment, model: ViT, data: Task) -> str | None:
+    """Why experiment `module` cannot run on this model and data (None: it can)."""
+    reason = module.applies(model)
+    if reason is None and module.data_applies is not None:
+        reason = module.data_applies(data)
+    return reason
 
 
 def headline(name: str, doc: dict[str, Any]) -> dict[str, float | None]:

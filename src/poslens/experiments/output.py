@@ -73,7 +73,8 @@ class Experiment:
     per model. `reads_baseline`: run() reads the intact baseline probed at every site under its
     own config (readout.baseline, or reference() without a fixed probe_block), with clean SSDC
     where `baseline_clean_ssdc`: a study's load stage measures it in its place and reads the
-    model's accuracy from it (study.stages.load_stage)."""
+    model's accuracy from it (study.stages.load_stage). `data_applies`: data -> why the
+    experiment cannot run on it (None: it can), for experiments that rebuild their data."""
 
     name: str
     Config: type[ExperimentConfig]
@@ -85,6 +86,8 @@ class Experiment:
     shares_reference: bool = False
     reads_baseline: bool = False
     baseline_clean_ssdc: bool = False
+    # data -> why it cannot run on that data (None: it can); None: any data
+    data_applies: Callable[[Any], str | None] | None = None
 
 
 def headline_key(condition: str, number: str) -> str:

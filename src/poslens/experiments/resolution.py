@@ -23,6 +23,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from poslens.data import Task, build_task
+from poslens.data.folder import PretrainedImages
 from poslens.errors import ConfigError, UserError
 from poslens.experiments import position_removal
 from poslens.experiments.config import resolved
@@ -320,4 +321,14 @@ def headline(d: dict[str, Any]) -> Headline:
     return top_level_numbers(d)
 
 
-EXPERIMENT = Experiment("resolution", Config, run, applies, headline, plot, shares_reference=True)
+def data_applies(data: Task) -> str | None:
+    """Runs on a task it can rebuild at a larger image size (procedural, or an image folder it
+    renders itself); a pretrained model's images are preprocessed to the model's own size."""
+    if isinstance(data, PretrainedImages):
+        return ("a pretrained model's images are preprocessed to its own size, so there is no "
+                "larger grid of the same images to compare (a procedural or folder task has one)")  # fmt: skip
+    return None
+
+
+EXPERIMENT = Experiment("resolution", Config, run, applies, headline, plot, shares_reference=True,
+                        data_applies=data_applies)  # fmt: skip
