@@ -13,6 +13,7 @@ import pytest
 from scipy import stats as st
 
 from poslens.metrics.stats import holm
+from poslens.study.aggregate import mean_se
 from poslens.study.claims import RULES
 from poslens.study.judge import FRAGILE, INCONCLUSIVE, NO_POWER, SUPPORTED, evaluate_claims
 from poslens.study.power import detectable_shift, level_power, pooled_sd, seeds_to_decide
@@ -159,3 +160,24 @@ def test_the_default_runs_each_experiment_on_what_the_claims_read() -> None:
             want |= set(STUDY_MODELS)
         assert set(models.split(",")) == want, exp
     assert only["sae_causal"] == "ape,ape_rowcol,ape_cell,ape_shuffled"
+
+
+def test_the_calibration_record_and_the_verdict_agree() -> None:
+    """results.json's calibration.passed and the verdict come from two readings of the same
+    controls: a level whose controls came out against their design fails calibration, and only
+    then (before the fragility check)."""
+    ms = calibrated()
+    ms["rope_axial"]["aggregate"]["heads"][hd_null_key()] = mean_se(jitter(0.15))
+    for c in evaluate_claims(ms):
+        if c["verdict"] == "descriptive" or not c["calibration"]["complete"]:
+            continue
+        fragile = c["summary"].startswith("Fragile: instrument failed calibration")
+        failed = c["verdict"] == "instrument failed calibration" or fragile
+        assert failed == (not c["calibration"]["passed"]), c["id"]
+
+
+def hd_null_key() -> str:
+    from poslens.experiments.heads import result as hd
+    from poslens.study.claims.heads import UNITS
+
+    return hd.held_out_key(UNITS, hd.NULL_EXCESS_ACCURACY)

@@ -272,13 +272,11 @@ def _tests(study: list[Judged], controls: list[Judged]) -> list[Outcome]:
 def _decide_observed(rule: Rule, study: list[Judged], controls: list[Judged]) -> int:
     """The observed verdict (an index into VERDICT_CODES), by the same `decide` that decides each
     replication draw: over the tests that count (a degenerate negative control does not)."""
-    counted = [j for j in [*study, *controls] if j.problem is None]
-
-    def row(xs: list[Any]) -> np.ndarray:
-        return np.array([xs])
-
-    return int(decide(rule.threshold, [j.role for j in counted], row([j.detected for j in counted]),
-                      row([j.test.lower for j in counted]), row([j.test.upper for j in counted]))[0])  # fmt: skip
+    counted = [o for o in _tests(study, controls) if o.counts]
+    return int(decide(rule.threshold, [o.role for o in counted],
+                      np.array([[o.detected for o in counted]]),
+                      np.array([[o.lower for o in counted]]),
+                      np.array([[o.upper for o in counted]]))[0])  # fmt: skip
 
 
 def _power(rule: Rule, study: list[Judged], controls: list[Judged], seeds: int) -> Power:

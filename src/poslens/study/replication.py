@@ -133,10 +133,9 @@ def verdict_shares(
     counts = np.array([t.counts for t in tests])
     fixed = np.array([t.detected for t in tests])
     detected = np.where(in_family, adjusted < alpha, fixed[None, :]) & counts[None, :]
-    keep = counts | (np.array([t.role for t in tests]) == "positive")
-    roles = [t.role for t, k in zip(tests, keep, strict=True) if k]
-    codes = decide(threshold, roles, detected[:, keep], np.stack(cols_lo, 1)[:, keep],
-                   np.stack(cols_hi, 1)[:, keep])  # fmt: skip
+    roles = [t.role for t in tests if t.counts]
+    codes = decide(threshold, roles, detected[:, counts], np.stack(cols_lo, 1)[:, counts],
+                   np.stack(cols_hi, 1)[:, counts])  # fmt: skip
     return np.bincount(codes, minlength=len(VERDICT_CODES)) / DRAWS
 
 
