@@ -225,9 +225,15 @@ def test_rerun_reuses_everything_and_is_identical(
 
 
 def test_compare_prints_both_runs_levels(
-    study: tuple[Path, dict[str, Any]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    study: tuple[Path, dict[str, Any]],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """`poslens compare` of this study and a copy with one level's verdict and effect edited."""
+    # the CLI's allocator setting would outlive this test and change the next study's
+    # environment.malloc (the rerun tests compare it)
+    monkeypatch.setattr("poslens.allocator.keep_freed_memory", lambda: None)
     out, res = study
     other = tmp_path / "rerun"
     (other / "figures").mkdir(parents=True)
