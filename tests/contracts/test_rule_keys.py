@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 
 from poslens.data import DataConfig, build_task
-from poslens.experiments import registry
+from poslens.errors import ConfigError
+from poslens.experiments import position_removal, registry
 from poslens.experiments.analyze import analyze
+from poslens.experiments.keys import Key
 from poslens.interventions import in_situ
 from poslens.models.vit import ViT
 from poslens.study.aggregate import aggregate
@@ -95,12 +97,40 @@ def test_every_key_a_rule_reads_is_in_the_real_headline(rule, views: dict[str, V
 def test_a_renamed_condition_breaks_the_contract(views: dict[str, View]) -> None:
     """The check is not vacuous: rename one condition in the aggregate and the rule notices."""
     v = views["rope_axial"]
-    agg = v.agg["position_removal"]
-    for k in [k for k in agg if k.startswith("axis_row.")]:
-        agg["row_axis." + k.partition(".")[2]] = agg.pop(k)
+    numbers = v.numbers[position_removal.NAME]
+    for k in [k for k in numbers if k.condition == "axis_row"]:
+        numbers[Key(k.experiment, "row_axis", k.number)] = numbers.pop(k)
     v.missing.clear()
     next(r for r in RULES if r.id == "rope_planes_split.original").effect(v)
-    assert ("position_removal", "axis_row.retention_probe_fixed_col") in v.missing
+    missing = position_removal.key("axis_row", "retention_probe_fixed_col")
+    assert missing in v.missing
+    assert {k.experiment for k in v.missing} == {position_removal.NAME}
+
+
+def test_keys_round_trip_through_json_text() -> None:
+    """Key.parse(experiment, text) gives back every part of a Key (its number has no dot, so the
+    last dot splits it, dotted site names included), and a Key pickles (worker processes return headlines keyed by Keys)."""
+    import pickle
+
+    from poslens.experiments.heads import result as heads
+    from poslens.experiments.sae_causal import result as sae
+
+    keys = [
+        position_removal.key("axis_row", "accuracy"), position_removal.AXES_PRE_ROTATION,
+        sae.key("blocks.1.ln1.hook_normalized", "rowcol_zeroed+error", "d_margin"),
+        sae.latents_key("early", "row"), heads.held_out_key("head", heads.EXCESS),
+        heads.consistency_key(heads.AXIS_PREFERENCE_RELATIVE, "head"),
+    ]  # fmt: skip
+    for k in keys:
+        back = Key.parse(k.experiment, k.text)
+        assert (back.experiment, back.condition, back.number) == (k.experiment, k.condition, k.number)
+        again = pickle.loads(pickle.dumps(k))
+        assert repr(again) == repr(k) and again == k.text
+    assert Key.parse("windows", "intact.accuracy") == "intact.accuracy"
+    with pytest.raises(ConfigError, match="Key.number"):
+        Key("windows", "intact", "acc.uracy")
+    with pytest.raises(ConfigError, match="Key.experiment"):
+        Key("Windows!", "intact", "accuracy")
 
 
 def test_verdict_names_are_the_schemas() -> None:

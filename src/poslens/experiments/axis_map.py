@@ -20,11 +20,14 @@ from matplotlib.figure import Figure
 from poslens.data import Task
 from poslens.errors import UserError
 from poslens.experiments.config import ExperimentConfig
+from poslens.experiments.keys import Key
 from poslens.experiments.output import Experiment, Headline
 from poslens.interventions import axis_map
 from poslens.interventions.rotary import AxisMap
 from poslens.models.config import ROPE_KIND
 from poslens.models.vit import ViT, build_model
+
+NAME = "axis_map"  # the experiment: its registry name and every headline Key's
 
 Config = ExperimentConfig
 
@@ -58,7 +61,7 @@ def fraction_aligned(counts: dict[str, int]) -> float:
 
 @dataclass(frozen=True)
 class AxisMapResult:
-    name: ClassVar[str] = "axis_map"
+    name: ClassVar[str] = NAME
     posenc: str
     layout: str
     amap: AxisMap  # arrays [depth, H, P]
@@ -176,10 +179,12 @@ def plot(res: AxisMapResult) -> Figure:
 
 
 # headline keys (read by the rules)
-FRACTION_ALIGNED, ROW_PLANES_PER_HEAD = "fraction_axis_aligned", "row_planes_per_head"
-MEAN_ALIGNMENT = "mean_alignment"
+FRACTION_ALIGNED = Key(NAME, "", "fraction_axis_aligned")
+ROW_PLANES_PER_HEAD = Key(NAME, "", "row_planes_per_head")
+MEAN_ALIGNMENT = Key(NAME, "", "mean_alignment")
 # the same two at initialisation (NaN where it is unknown: the JSON's init_from says why)
-FRACTION_ALIGNED_INIT, MEAN_ALIGNMENT_INIT = "fraction_axis_aligned_init", "mean_alignment_init"
+FRACTION_ALIGNED_INIT = Key(NAME, "", "fraction_axis_aligned_init")
+MEAN_ALIGNMENT_INIT = Key(NAME, "", "mean_alignment_init")
 
 
 def headline(d: dict[str, Any]) -> Headline:
@@ -196,4 +201,4 @@ def headline(d: dict[str, Any]) -> Headline:
     return out
 
 
-EXPERIMENT = Experiment("axis_map", Config, run, applies, headline, plot)
+EXPERIMENT = Experiment(NAME, Config, run, applies, headline, plot)

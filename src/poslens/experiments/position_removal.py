@@ -28,13 +28,13 @@ from poslens.data import Task
 from poslens.errors import ConfigError
 from poslens.experiments.conditions import Condition, floor_condition, planes_off, random_mask
 from poslens.experiments.config import ExperimentConfig, resolved
+from poslens.experiments.keys import Key, keyed
 from poslens.experiments.output import (
     Experiment,
     Header,
     Headline,
     condition_numbers,
     counts_in,
-    headline_key,
     probe_numbers,
 )
 from poslens.experiments.readout import (
@@ -55,6 +55,8 @@ from poslens.metrics.probes import TARGETS
 from poslens.metrics.stats import row_col_share, sem
 from poslens.models.vit import ViT
 from poslens.progress import track
+
+NAME = "position_removal"  # the experiment: its registry name and every headline Key's
 
 # The kinds of condition (each condition's meta["kind"]); RANDOM_AXIS_KIND is the random draws at
 # one axis's count per head only (what the split rule compares with), "random" at every count.
@@ -145,14 +147,14 @@ INTACT, FLOOR, APE_ZERO = "intact", "floor", "ape_zero"
 TABLE_ROWCOL, TABLE_CELL = "table_rowcol", "table_cell"
 TABLE_PART = {TABLE_ROWCOL: "rowcol", TABLE_CELL: "cell"}  # condition -> interventions' part
 # 1.0 where the axis conditions took each plane's pre-rotation axis (oblique), 0.0 the axis map's
-AXES_PRE_ROTATION = "axes_pre_rotation"
-AXIS_PLANES_PER_HEAD = "axis_planes_per_head"  # planes per head of one axis: the random count
+AXES_PRE_ROTATION = Key(NAME, "", "axes_pre_rotation")
+AXIS_PLANES_PER_HEAD = Key(NAME, "", "axis_planes_per_head")  # planes per head of one axis: the random count
 
 
-def table_key(number: str) -> str:
+def table_key(number: str) -> Key:
     """The headline key of one number of the position table (row_share, col_share,
     rowcol_share: metrics.stats.row_col_share), as sae_causal names it."""
-    return f"table.{number}"
+    return Key(NAME, "table", number)
 
 
 TABLE_ROWCOL_SHARE = table_key("rowcol_share")
@@ -168,7 +170,7 @@ def random_condition(n: int) -> str:
     return f"random_{n}"
 
 
-key = headline_key
+key = keyed(NAME)  # key(condition, number) -> Key
 
 
 def random_counts(keys: Iterable[str]) -> list[int]:
@@ -243,7 +245,7 @@ def conditions(model: ViT, cfg: Config) -> list[tuple[str, Condition, dict[str, 
 
 @dataclass(frozen=True)
 class PositionRemoval(Header):
-    name: ClassVar[str] = "position_removal"
+    name: ClassVar[str] = NAME
     baseline: dict[str, Any]
     floor: ConditionResult
     conditions: list[ConditionResult]
@@ -434,7 +436,7 @@ def headline(d: dict[str, Any]) -> Headline:
 
 
 EXPERIMENT = Experiment(
-    "position_removal",
+    NAME,
     Config,
     run,
     applies,

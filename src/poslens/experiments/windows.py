@@ -21,13 +21,13 @@ from poslens.data import Task
 from poslens.errors import ConfigError
 from poslens.experiments.conditions import Condition, planes_off, random_mask
 from poslens.experiments.config import ExperimentConfig, resolved
+from poslens.experiments.keys import keyed
 from poslens.experiments.output import (
     Experiment,
     Header,
     Headline,
     condition_numbers,
     counts_in,
-    headline_key,
 )
 from poslens.experiments.readout import (
     ConditionResult,
@@ -44,6 +44,8 @@ from poslens.metrics import PairedDiff, paired_diff
 from poslens.metrics.probes import TARGETS
 from poslens.models.vit import ViT
 from poslens.progress import track
+
+NAME = "windows"  # the experiment: its registry name and every headline Key's
 
 CURVE_KINDS = ("prefix", "suffix", "middle")  # windows with probe curves
 ONSET_FRACTION = (
@@ -127,7 +129,7 @@ def compensation_of(k: int) -> str:
     return f"compensation_{k}"
 
 
-key = headline_key  # key(window or INTACT / FLOOR / REBUILD, number)
+key = keyed(NAME)  # key(window or INTACT / FLOOR / REBUILD, number) -> Key
 
 
 def prefix_ks(keys: Iterable[str]) -> list[int]:
@@ -241,7 +243,7 @@ def compensation(k: int, m: dict[str, np.ndarray]) -> Compensation:
 
 @dataclass(frozen=True)
 class Windows(Header):
-    name: ClassVar[str] = "windows"
+    name: ClassVar[str] = NAME
     baseline: dict[str, Any]  # accuracy, margin, ssdc_rpi [sites], probes [sites, 3]
     floor: dict[str, Any]
     windows: list[Window]
@@ -437,7 +439,7 @@ def _compensation_numbers(name: str, c: dict[str, Any]) -> Headline:
 
 
 EXPERIMENT = Experiment(
-    "windows",
+    NAME,
     Config,
     run,
     applies,

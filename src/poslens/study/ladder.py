@@ -271,15 +271,14 @@ def run_ladder(
 
 # -------------------------------------------------------------------------------- assembly
 
-# What the ladder's predictions read per rung: (id, label, study model's encoding, experiment,
-# headline key). The APE table's row + column share of variance and the SAE's latent kinds at the
+# What the ladder's predictions read per rung: (id, label, study model's encoding, headline Key). The APE table's row + column share of variance and the SAE's latent kinds at the
 # site the claims read.
 SAE_SITE = "early"
 PREDICTIONS = (
     ("table_rowcol_share", "APE table: row + column share of variance", "ape",
-     "position_removal", position_removal.TABLE_ROWCOL_SHARE),
-    *((f"sae_latents_{kind}", f"SAE {kind} latents", "ape", "sae_causal",
-       sae.latents_key(SAE_SITE, kind)) for kind in ("row", "col", "cell", "mixed")),
+     position_removal.TABLE_ROWCOL_SHARE),
+    *((f"sae_latents_{kind}", f"SAE {kind} latents", "ape", sae.latents_key(SAE_SITE, kind))
+      for kind in ("row", "col", "cell", "mixed")),
 )  # fmt: skip
 
 
@@ -368,13 +367,14 @@ def ladder_results(cfg: LadderConfig, rung_results: dict[str, dict[str, Any]]) -
             "rungs": {r.name: _rung_claim(rung_results[r.name]["claims"][j]) for r in cfg.rungs},
         })  # fmt: skip
     predictions = []
-    for pid, label, model, exp, key in PREDICTIONS:
+    for pid, label, model, key in PREDICTIONS:
         per = {}
         for rung in cfg.rungs:
             agg = rung_results[rung.name]["models"].get(model, {}).get("aggregate", {})
-            per[rung.name] = agg.get(exp, {}).get(key)  # mean, se, n, values; None: not run
-        predictions.append({"id": pid, "label": label, "model": model, "experiment": exp,
-                            "key": key, "rungs": per})  # fmt: skip
+            per[rung.name] = agg.get(key.experiment, {}).get(key)  # mean, se, n, values
+        predictions.append({"id": pid, "label": label, "model": model,
+                            "experiment": key.experiment, "key": key.text,
+                            "rungs": per})  # fmt: skip
     return {
         "schema": SCHEMA,
         "poslens_version": __version__,

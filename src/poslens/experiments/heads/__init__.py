@@ -52,11 +52,11 @@ phases), result (the result, its verdict and the headline), plots (the figure).
 from poslens.experiments.heads.config import Config, applies
 from poslens.experiments.heads.phases import run
 from poslens.experiments.heads.plots import plot
-from poslens.experiments.heads.result import Heads, headline
+from poslens.experiments.heads.result import NAME, Heads, headline
 from poslens.experiments.output import Experiment
 
 EXPERIMENT = Experiment(
-    "heads",
+    NAME,
     Config,
     run,
     applies,

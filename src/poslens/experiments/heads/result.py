@@ -19,11 +19,14 @@ from poslens.experiments.heads.config import (
     Z,
 )
 from poslens.experiments.heads.units import Unit
+from poslens.experiments.keys import Key
 from poslens.experiments.output import Header, Headline
 from poslens.experiments.readout import ConditionResult
 from poslens.metrics import PairedDiff, paired_diff
 from poslens.metrics.attention import AttentionStats
 from poslens.metrics.stats import correlation, sem
+
+NAME = "heads"  # the experiment: its registry name and every headline Key's
 
 
 @dataclass(frozen=True)
@@ -112,7 +115,7 @@ def _span(blocks: Sequence[int]) -> str:
 class Heads(Header):
     """Carrying, cumulative top-k, rebuilding and attention statistics of every head."""
 
-    name: ClassVar[str] = "heads"
+    name: ClassVar[str] = NAME
     intervention: str  # "rotary" (masking) or "ablation" (zeroed head output)
     baseline: dict[str, Any]
     floor: dict[str, Any]
@@ -369,10 +372,10 @@ AXIS_PREFERENCE_PERMUTED = "axis_preference_relative_vs_permuted_spec"
 PERMUTATION_SEED = 29
 
 
-def consistency_key(measure: str, kind: str, stat: str = "pearson") -> str:
+def consistency_key(measure: str, kind: str, stat: str = "pearson") -> Key:
     """The headline key of one consistency correlation (Heads.consistency): `measure` across
     units of `kind` ("head", "block_head"), statistic `stat` ("pearson", "spearman", "n", ...)."""
-    return f"{CONSISTENCY}/{measure}/{kind}.{stat}"
+    return Key(NAME, f"{CONSISTENCY}/{measure}/{kind}", stat)
 
 
 # --------------------------------------------------------------------- the held-out top rebuilder
@@ -399,10 +402,10 @@ def se_key(name: str) -> str:
     return f"{name}_se"
 
 
-def held_out_key(units: str, name: str) -> str:
+def held_out_key(units: str, name: str) -> Key:
     """The headline key of one held-out number (`name` one of the constants above, or
     se_key(...) of one) for units of kind `units` ("head", "block_head")."""
-    return f"{REBUILDING}/{units}.{HELD_OUT}.{name}"
+    return Key(NAME, f"{REBUILDING}/{units}.{HELD_OUT}", name)
 
 
 def unit_excess(values: dict[str, np.ndarray], unit: str) -> np.ndarray:

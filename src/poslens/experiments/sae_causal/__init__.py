@@ -47,6 +47,7 @@ from poslens.experiments.sae_causal.result import (
     MATCHED_COL,
     MATCHED_ROW,
     MATCHED_ROWCOL,
+    NAME,
     ROW_ZEROED,
     ROWCOL_ZEROED,
     K,
@@ -61,7 +62,7 @@ from poslens.experiments.sae_causal.result import (
 )
 
 EXPERIMENT = Experiment(
-    "sae_causal",
+    NAME,
     Config,
     run,
     applies,

@@ -9,10 +9,13 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from poslens.experiments.keys import Key
 from poslens.experiments.output import Header, Headline
 from poslens.experiments.readout import ConditionResult
 from poslens.metrics.probes import TARGETS
 from poslens.sae.latents import PositionalLatents
+
+NAME = "sae_causal"  # the experiment: its registry name and every headline Key's
 
 # Where a drop is read (index into SiteResult.probe_sites): the SAE's site and the output.
 WHERES = {"site": 0, "out": -1}
@@ -172,7 +175,7 @@ class SAECausal(Header):
     probes peak, the "probe" site). position_table: how much of an additive position table's
     variance is row + column effects (None without one)."""
 
-    name: ClassVar[str] = "sae_causal"
+    name: ClassVar[str] = NAME
     baseline: dict[str, Any]
     results: list[SiteResult]  # one per SAE site
     position_table: dict[str, float] | None
@@ -196,15 +199,15 @@ class SAECausal(Header):
         return {"conditions": rows}
 
 
-def key(site: str, group: str, number: str) -> str:
+def key(site: str, group: str, number: str) -> Key:
     """The headline key of one summary number at a site (a hook name or a role: early, probe)."""
-    return f"{site}.{group}.{number}"
+    return Key(NAME, f"{site}.{group}", number)
 
 
-def latents_key(site: str, kind: str) -> str:
+def latents_key(site: str, kind: str) -> Key:
     """The headline key of how many positional latents of `kind` (row, col, cell, mixed) the
     SAE at `site` has."""
-    return f"{site}.latents_{kind}"
+    return Key(NAME, site, f"latents_{kind}")
 
 
 # headline numbers of how the SAE's k was chosen (k_key(site, number)): the k kept, what its
@@ -213,14 +216,14 @@ def latents_key(site: str, kind: str) -> str:
 K, K_COST, K_CRITERION_MET, K_TRIED = "k", "k_cost", "k_criterion_met", "k_tried"
 
 
-def k_key(site: str, number: str = K) -> str:
+def k_key(site: str, number: str = K) -> Key:
     """The headline key of one number of the k selection at a site (K, K_COST, ...)."""
-    return f"{site}.{number}"
+    return Key(NAME, site, number)
 
 
-def k_cost_at_key(site: str, k: int) -> str:
+def k_cost_at_key(site: str, k: int) -> Key:
     """The headline key of what the reconstruction alone cost at one k of the ladder tried."""
-    return f"{site}.k_cost_at_{k}"
+    return Key(NAME, site, f"k_cost_at_{k}")
 
 
 def k_numbers(site: str, sel: dict[str, Any] | None) -> Headline:

@@ -32,17 +32,17 @@ APE_TITLE = "APE: position lives in explicit row/column features that are causal
 # the studied table's own row + column part, or its cell residual
 APE_IN_SITU = (in_situ_control("table_rowcol"), in_situ_control("table_cell"))
 
-E_SAE = "sae_causal"
+E_SAE = sae.NAME
 SITE = "early"  # the SAE's site role the claims read (the block where the APE probe peaks)
 
 
 def _sae(v: View, group: str, number: str) -> Values:
-    return column(v, E_SAE, sae.key(SITE, group, number), v.seeds(E_SAE))
+    return column(v, sae.key(SITE, group, number), v.seeds(E_SAE))
 
 
 def _latents(v: View) -> Values:
     n = v.seeds(E_SAE)
-    rows, cols = (column(v, E_SAE, sae.latents_key(SITE, k), n) for k in ("row", "col"))
+    rows, cols = (column(v, sae.latents_key(SITE, k), n) for k in ("row", "col"))
     return [r + c for r, c in zip(rows, cols, strict=True)]
 
 
@@ -94,13 +94,14 @@ def ape_downstream_effect(v: View) -> Effect:
 
 def ape_downstream_notes(v: View) -> Notes:
     """Margin and the output probe beside accuracy, the SAE's own cost, and the table edit."""
-    pr, e, n = position_removal, "position_removal", v.seeds("position_removal")
+    pr = position_removal
+    n = v.seeds(pr.NAME)
     out: Notes = [
         ("correct-class margin lost beyond matched random latents",
          list(_beyond_matched(v, "d_margin", -1.0).values)),
         ("exact probe at the output: drop toward chance beyond matched random latents",
          list(_beyond_matched(v, sae.fixed_drop("out")).values)),
-        ("SAE k (chosen by the reconstruction criterion)", column(v, E_SAE, sae.k_key(SITE), v.seeds(E_SAE))),
+        ("SAE k (chosen by the reconstruction criterion)", column(v, sae.k_key(SITE), v.seeds(E_SAE))),
         ("accuracy lost when the SAE reconstruction alone is spliced in",
          [-x for x in _sae(v, sae.RECONSTRUCTION, "d_accuracy")]),
     ]  # fmt: skip
@@ -109,7 +110,7 @@ def ape_downstream_notes(v: View) -> Notes:
                            "part alone"), (pr.TABLE_CELL, "its cell residual alone"),
                            (pr.FLOOR, "no position")):  # fmt: skip
             out.append(
-                (f"table edit: accuracy with {what}", column(v, e, pr.key(cond, "accuracy"), n))
+                (f"table edit: accuracy with {what}", column(v, pr.key(cond, "accuracy"), n))
             )
     return out
 

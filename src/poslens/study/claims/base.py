@@ -6,8 +6,9 @@ sharper test"), each with one primary effect per training seed computed from the
 headline numbers, a threshold it must exceed (a smallest effect of interest with its source), the
 study models it judges, and controls: models (or nulls built inside a model) in which its
 mechanism is present (positive) or absent (negative) by design. Keys are built with the experiment
-modules' own key builders (never typed or parsed here), and a contract test runs every experiment
-a rule reads and checks that each key the rule asks for is in the real headline.
+modules' own key builders (experiments.keys.Key: the experiment that writes a number travels with
+its name), and a contract test runs every experiment a rule reads and checks that each key the rule
+asks for is in the real headline.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from poslens.experiments.keys import Key
 from poslens.interventions import in_situ
 from poslens.models.config import posenc_family
 
@@ -28,27 +30,35 @@ NOT_TESTED = "not tested by the original"
 LEVELS = {ORIGINAL: "the original's observation", SHARPER: "the sharper test"}
 
 class View:
-    """One model's headline numbers per seed, read through (experiment, key)."""
+    """One model's headline numbers per seed, read by Key. The results.json aggregate is parsed
+    once, into each number's Key and its per-seed values."""
 
     def __init__(self, model: str, entry: dict[str, Any]) -> None:
         self.model, self.posenc = model, entry["posenc"]
-        self.agg, self.runs = entry["aggregate"], entry["runs"]
+        self.runs = entry["runs"]
+        self.numbers: dict[str, dict[Key, Values]] = {
+            exp: {Key.parse(exp, text): [math.nan if v is None else float(v)
+                                         for v in stats.get("values", [])]
+                  for text, stats in keyed.items()}
+            for exp, keyed in entry["aggregate"].items()
+        }  # fmt: skip
         self.scale: dict[str, Any] = entry.get("scale") or {}
-        self.missing: set[tuple[str, str]] = set()  # keys asked for of an experiment that ran
+        self.missing: set[Key] = set()  # keys asked for of an experiment that ran
 
     @property
     def family(self) -> str:
         return posenc_family(self.posenc)
 
-    def values(self, exp: str, key: str) -> Values:
-        """Per-seed values in seed order (NaN where missing); [] when the experiment did not run."""
-        if exp not in self.agg:
+    def values(self, key: Key) -> Values:
+        """Per-seed values of `key` in seed order (NaN where missing); [] when its experiment did
+        not run."""
+        numbers = self.numbers.get(key.experiment)
+        if numbers is None:
             return []
-        n = sum(1 for r in self.runs if exp in r["experiments"])
-        if key not in self.agg[exp]:
-            self.missing.add((exp, key))
-        vals = self.agg[exp].get(key, {}).get("values", [math.nan] * n)
-        return [math.nan if v is None else float(v) for v in vals]
+        if key not in numbers:
+            self.missing.add(key)
+            return [math.nan] * self.seeds(key.experiment)
+        return list(numbers[key])
 
     def seeds(self, exp: str) -> int:
         return sum(1 for r in self.runs if exp in r["experiments"])
@@ -91,9 +101,9 @@ def effect(
                   frozenset(s for s in nan if empty(s)))  # fmt: skip
 
 
-def column(v: View, exp: str, key: str, n: int) -> Values:
-    """Per-seed values of one key, NaN where a seed lacks it (n seeds ran the experiment)."""
-    return v.values(exp, key) or [math.nan] * n
+def column(v: View, key: Key, n: int) -> Values:
+    """Per-seed values of one key, NaN where a seed lacks it (n seeds ran its experiment)."""
+    return v.values(key) or [math.nan] * n
 
 
 def minus(a: Values, b: Values) -> Values:

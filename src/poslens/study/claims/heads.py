@@ -35,7 +35,7 @@ UNITS = "block_head"
 
 
 def _held_out(v: View, name: str) -> Values:
-    return column(v, "heads", heads.held_out_key(UNITS, name), v.seeds("heads"))
+    return column(v, heads.held_out_key(UNITS, name), v.seeds(heads.NAME))
 
 
 def heads_excess_effect(v: View) -> Effect:
@@ -64,8 +64,8 @@ def heads_effect(v: View) -> Effect:
     correlation of each head's scale-free axis-window preference (its share of what the later
     blocks rebuild after a row-only window minus after a column-only window) with its
     attention's axis specialization (+ row). Not measured where either does not vary."""
-    n = v.seeds("heads")
-    vals = column(v, "heads", heads.consistency_key(heads.AXIS_PREFERENCE_RELATIVE, UNITS), n)
+    n = v.seeds(heads.NAME)
+    vals = column(v, heads.consistency_key(heads.AXIS_PREFERENCE_RELATIVE, UNITS), n)
     return effect(vals, lambda s: "no variance across heads: the correlation is undefined",
                   lambda s: True)  # fmt: skip
 
@@ -75,8 +75,8 @@ def heads_permuted_effect(v: View) -> Effect:
     across heads (one seeded permutation per analysis seed). It is noise of the size the rule
     sees with this many heads, non-zero by design, but no head's preference follows its own
     axis."""
-    n = v.seeds("heads")
-    vals = column(v, "heads", heads.consistency_key(heads.AXIS_PREFERENCE_PERMUTED, UNITS), n)
+    n = v.seeds(heads.NAME)
+    vals = column(v, heads.consistency_key(heads.AXIS_PREFERENCE_PERMUTED, UNITS), n)
     return effect(vals, lambda s: "no variance across heads: the correlation is undefined",
                   lambda s: True)  # fmt: skip
 

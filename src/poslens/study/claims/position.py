@@ -26,9 +26,9 @@ NO_EDIT_PLANTS_USE = (
 
 def position_effect(v: View) -> Effect:
     """Accuracy points lost when every positional signal is removed from the trained weights."""
-    e, pr = "position_removal", position_removal
-    n = v.seeds(e)
-    intact, floor = (column(v, e, pr.key(c, "accuracy"), n) for c in (pr.INTACT, pr.FLOOR))
+    pr = position_removal
+    n = v.seeds(pr.NAME)
+    intact, floor = (column(v, pr.key(c, "accuracy"), n) for c in (pr.INTACT, pr.FLOOR))
     return effect(minus(intact, floor),
                   lambda s: "no accuracy (a backbone without a classifier head)")  # fmt: skip
 

@@ -57,15 +57,15 @@ FINETUNE_CONTROLS = (in_situ_control("finetune_held_out"), in_situ_control("fine
 def _window_values(v: View, number: str, suffix: bool = False) -> tuple[Values, Values]:
     """Per seed, `number` of the rebuilding window (prefix 0..k, or with suffix=True the suffix
     window k+1..end after it), and k itself (NaN where no window was run)."""
-    n = v.seeds("windows")
-    ks = column(v, "windows", windows.key(windows.REBUILD, "window"), n)
+    n = v.seeds(windows.NAME)
+    ks = column(v, windows.key(windows.REBUILD, "window"), n)
     out = []
     for s, k in enumerate(ks):
         if not math.isfinite(k):
             out.append(math.nan)
             continue
         name = windows.suffix_window(int(k) + 1) if suffix else windows.prefix_window(int(k))
-        out.append(column(v, "windows", windows.key(name, number), n)[s])
+        out.append(column(v, windows.key(name, number), n)[s])
     return out, ks
 
 
@@ -95,9 +95,9 @@ def rebuild_effect(v: View) -> Effect:
     when rotations were withheld before them, minus what they add in the intact model, as a
     share of the intact-minus-floor margin ((prefix - floor) - (intact - suffix)) / (intact -
     floor), for the window the experiment reads for this claim (windows.rebuild_window)."""
-    n = v.seeds("windows")
-    vals = column(v, "windows", windows.key(windows.REBUILD, "relative"), n)
-    k = column(v, "windows", windows.key(windows.REBUILD, "window"), n)
+    n = v.seeds(windows.NAME)
+    vals = column(v, windows.key(windows.REBUILD, "relative"), n)
+    k = column(v, windows.key(windows.REBUILD, "window"), n)
     return effect(vals, lambda s: "no compensation window was run" if not math.isfinite(k[s])
                   else "intact and floor margins equal: no share to take",
                   lambda s: math.isfinite(k[s]))  # fmt: skip

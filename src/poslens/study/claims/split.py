@@ -39,15 +39,15 @@ def rope_split_effect(v: View) -> Effect:
     half the planes follow one axis is closed by the gate (nothing to split), never scored 0;
     where they come from the construction (oblique planes, split by their pre-rotation axes) the
     test is made."""
-    e, pr = "position_removal", position_removal
-    n = v.seeds(e)
-    aligned = column(v, "axis_map", axis_map.FRACTION_ALIGNED, n)
-    per_head = column(v, e, pr.AXIS_PLANES_PER_HEAD, n)  # one axis's planes per head
-    pre = column(v, e, pr.AXES_PRE_ROTATION, n)
+    pr = position_removal
+    n = v.seeds(pr.NAME)
+    aligned = column(v, axis_map.FRACTION_ALIGNED, n)
+    per_head = column(v, pr.AXIS_PLANES_PER_HEAD, n)  # one axis's planes per head
+    pre = column(v, pr.AXES_PRE_ROTATION, n)
 
     def kept(removed: str, other: str) -> Values:
         return column(
-            v, e, pr.key(pr.axis_condition(removed), retention_number("probe_fixed", other)), n
+            v, pr.key(pr.axis_condition(removed), retention_number("probe_fixed", other)), n
         )
 
     row_kept, col_kept = kept("row", "col"), kept("col", "row")
@@ -64,7 +64,7 @@ def rope_split_effect(v: View) -> Effect:
                           f"{ALIGNED:.0%}): nothing to split")  # fmt: skip
             continue
         rnd = pr.random_condition(round(per_head[s]))
-        rand = [column(v, e, pr.key(rnd, retention_number("probe_fixed", t)), n)[s]
+        rand = [column(v, pr.key(rnd, retention_number("probe_fixed", t)), n)[s]
                 for t in ("row", "col")]  # fmt: skip
         other = (
             min(row_kept[s], col_kept[s])
@@ -83,12 +83,13 @@ def _split_missing(v: View, rnd: str, rand: list[float], s: int) -> str:
     """Why seed s has no split effect: a condition that did not run, or one whose fixed-probe
     retention is undefined (the intact model's probes read the same as the floor's: a model with
     no decodable position, e.g. random weights)."""
-    e, pr, n = "position_removal", position_removal, v.seeds("position_removal")
+    pr = position_removal
+    n = v.seeds(pr.NAME)
     if all(map(math.isfinite, rand)):
         name, conds = "the axis conditions", [pr.axis_condition("row"), pr.axis_condition("col")]
     else:
         name, conds = f"{rnd} (as many random planes per head as one axis has)", [rnd]
-    ran = all(math.isfinite(column(v, e, pr.key(c, "accuracy"), n)[s]) for c in conds)
+    ran = all(math.isfinite(column(v, pr.key(c, "accuracy"), n)[s]) for c in conds)
     if not ran:
         return f"{name} {'were' if len(conds) > 1 else 'was'} not run"
     return (f"{name}: the fixed probes' retention is undefined (the intact model and the floor "
@@ -97,11 +98,12 @@ def _split_missing(v: View, rnd: str, rand: list[float], s: int) -> str:
 
 def rope_split_notes(v: View) -> Notes:
     """The own-axis loss (built in, a check rather than evidence) and the random planes."""
-    e, pr, n = "position_removal", position_removal, v.seeds("position_removal")
+    pr = position_removal
+    n = v.seeds(pr.NAME)
     out: Notes = []
     for axis in ("row", "col"):
         own = column(
-            v, e, pr.key(pr.axis_condition(axis), retention_number("probe_fixed", axis)), n
+            v, pr.key(pr.axis_condition(axis), retention_number("probe_fixed", axis)), n
         )
         out.append((f"check: {axis} probe retention after the {axis} planes are removed "
                     "(should be ~0)", own))  # fmt: skip
@@ -111,17 +113,17 @@ def rope_split_notes(v: View) -> Notes:
 def rope_alignment_effect(v: View) -> Effect:
     """Descriptive: the share of planes that follow one axis after training minus the share at
     initialisation (learned frequencies that came to follow the axes, or not)."""
-    n = v.seeds("axis_map")
-    trained = column(v, "axis_map", axis_map.FRACTION_ALIGNED, n)
-    init = column(v, "axis_map", axis_map.FRACTION_ALIGNED_INIT, n)
+    n = v.seeds(axis_map.NAME)
+    trained = column(v, axis_map.FRACTION_ALIGNED, n)
+    init = column(v, axis_map.FRACTION_ALIGNED_INIT, n)
     return effect(minus(trained, init), lambda s: "the initial frequencies are not known")
 
 
 def rope_alignment_notes(v: View) -> Notes:
-    n = v.seeds("axis_map")
+    n = v.seeds(axis_map.NAME)
     return [
-        ("share of axis-aligned planes after training", column(v, "axis_map", axis_map.FRACTION_ALIGNED, n)),
-        ("share of axis-aligned planes at initialisation", column(v, "axis_map", axis_map.FRACTION_ALIGNED_INIT, n)),
+        ("share of axis-aligned planes after training", column(v, axis_map.FRACTION_ALIGNED, n)),
+        ("share of axis-aligned planes at initialisation", column(v, axis_map.FRACTION_ALIGNED_INIT, n)),
     ]  # fmt: skip
 
 
