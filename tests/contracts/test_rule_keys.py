@@ -174,3 +174,15 @@ def test_an_in_situ_controls_narrowed_experiments_have_every_key_its_rules_read(
         assert v.missing == set(), f"{rule.id} on {v.model}: narrowed to {rule.removal}"
         full = [rule.effect(views[key]).values, *(vals for _w, vals in rule.notes(views[key]))]
         assert json.dumps(got) == json.dumps(full), f"{rule.id} on {v.model}: values moved"
+
+
+def test_every_key_the_ladder_predicts_from_is_in_the_real_headline(
+    views: dict[str, View],
+) -> None:
+    """The ladder's predictions read headline Keys too (study/ladder.py PREDICTIONS)."""
+    from poslens.study.ladder import PREDICTIONS
+
+    for pid, _, model, key in PREDICTIONS:
+        numbers = views[model].numbers
+        assert key.experiment in numbers, f"{pid}: {key.experiment} did not run on {model}"
+        assert key in numbers[key.experiment], f"{pid}: {key!r} is in no headline"
