@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from poslens.report.format import NONE, fmt_num, fmt_value
 from poslens.study.result import ClaimResult
-from poslens.study.verdicts import VERDICTS
+from poslens.study.verdicts import NOT_COMPARABLE, VERDICTS
 
 
 def verdict_counts(claims: Sequence[ClaimResult]) -> dict[str, int]:
@@ -49,7 +49,7 @@ def reference_cell(cl: ClaimResult) -> str:
     ref = cl.reference
     orig = str(ref.original_verdict)
     got = ref.rule_verdict
-    if got is None or got == "not comparable" or ref.comparable is False:
+    if got is None or got == NOT_COMPARABLE or ref.comparable is False:
         return orig
     value = f" at {fmt_num(float(ref.effect))}" if ref.effect is not None else ""
     return f"{orig}; the rule on its numbers: {got}{value}"
