@@ -20,6 +20,7 @@ from typing import Any
 
 from poslens.report.common import verdict_label
 from poslens.study import preset, run_study
+from poslens.study.result import ClaimResult, claims_of
 
 
 def _run(name: str, seeds: int, start: int, out: Path) -> dict[str, Any]:
@@ -39,22 +40,22 @@ def table(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
 
     rows = [f"| level | {seeds(a)} | {seeds(b)} | agree | replication (each run) | "
             "minimum detectable effect (each run) |", "|---|---|---|---|---|---|"]  # fmt: skip
-    by_id = {c["id"]: c for c in b["claims"]}
-    for ca in a["claims"]:
-        cb = by_id.get(ca["id"])
+    by_id = {c.id: c for c in claims_of(b)}
+    for ca in claims_of(a):
+        cb = by_id.get(ca.id)
         if cb is None:
             continue
         la, lb = verdict_label(ca), verdict_label(cb)
 
-        def rep(c: dict[str, Any]) -> str:
-            r = c.get("replication") or {}
+        def rep(c: ClaimResult) -> str:
+            r = c.replication or {}
             return "-" if r.get("probability") is None else f"{r['probability']:.0%}"
 
-        def mde(c: dict[str, Any]) -> str:
-            p = c.get("power") or {}
+        def mde(c: ClaimResult) -> str:
+            p = c.power or {}
             return "-" if p.get("mde") is None else f"{p['mde']:.3g}"
 
-        rows.append(f"| {ca['id']} | {la} | {lb} | {'yes' if la == lb else 'NO'} | "
+        rows.append(f"| {ca.id} | {la} | {lb} | {'yes' if la == lb else 'NO'} | "
                     f"{rep(ca)} / {rep(cb)} | {mde(ca)} / {mde(cb)} |")  # fmt: skip
     return rows
 

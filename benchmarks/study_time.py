@@ -20,6 +20,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from poslens.study import preset, run_study
+from poslens.study.result import claims_of
 
 BUDGET = {"quick": 120.0, "default": 1200.0}
 
@@ -40,7 +41,7 @@ def time_preset(name: str, out: Path, threads: int, jobs: int) -> dict[str, obje
         "aggregate_figures_report_seconds": round(wall - res["timings"]["runs_seconds"], 1),
         "budget_seconds": BUDGET.get(name),
         "stages": {k: round(v, 1) for k, v in per_kind.items()},
-        "claims": {c["id"]: c["verdict"] for c in res["claims"]},
+        "claims": {c.id: c.verdict for c in claims_of(res)},
         "out": str(out),
     }
 

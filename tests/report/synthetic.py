@@ -32,7 +32,8 @@ def _stat(values: list[float | None]) -> dict[str, Any]:
 
 def make_study(out_dir: Path) -> dict[str, Any]:
     """Write the figures into out_dir and return results: 2 models x 2 seeds, 4 experiments,
-    3 claims (one per verdict, one with hostile text), one missing figure, one skipped experiment."""
+    3 claims (one per verdict, one with hostile text, each with the keys a claim requires), one
+    missing figure, one skipped experiment."""
     figures = [
         {
             "title": "RPI-SSDC by depth, mean and SE over seeds",
@@ -186,6 +187,39 @@ def make_study(out_dir: Path) -> dict[str, Any]:
             },
         },
     ]
+    test = {"n": 5, "mean": 0.4, "ci": [0.3, 0.5], "p": 0.01, "values": [0.3, 0.35, 0.4, 0.45, 0.5]}
+    for c in claims:
+        c["claim"], c["level"] = c["id"], "original"
+        c["primary"] = {
+            "effect": "an effect",
+            "threshold": 0.25,
+            "models": {m: test | {"p_holm": 0.02, "detected": True} for m in c["models"]},
+        }
+        c["calibration"] = {
+            "controls": [
+                {
+                    "model": "ape_rowcol",
+                    "role": "positive",
+                    "test": test,
+                    "detected": True,
+                    "enough_seeds": True,
+                    "seeds_above_threshold": 5,
+                    "as_designed": True,
+                }
+            ],
+            "sensitivity": 1.0,
+            "specificity": None,
+            "complete": False,
+            "passed": False,
+        }
+        c["would_change"] = "A smaller effect."
+        c["reference"] = {
+            "original_verdict": "supported",
+            "effect": 0.33,
+            "rule_verdict": "supported",
+            "agrees": True,
+            "note": "published numbers",
+        }
     stages = [
         {"stage": "train", "model": m, "seed": s, "seconds": 150.2, "reused": s == 1}
         for m in ("ape", "rope_axial")
@@ -224,39 +258,6 @@ def make_valid_study(out_dir: Path) -> dict[str, Any]:
     res["config"] |= {"probe_images": 100, "batch_size": 50, "only": [], "device": "cpu"}
     res["environment"] |= {"numpy": "2.0", "platform": "Linux", "machine": "x86_64", "jobs": 1}
     res["environment"]["cpu"] = {"model": "Test CPU", "extensions": ["avx2"]}
-    test = {"n": 5, "mean": 0.4, "ci": [0.3, 0.5], "p": 0.01, "values": [0.3, 0.35, 0.4, 0.45, 0.5]}
-    for c in res["claims"]:
-        c["claim"], c["level"] = c["id"], "original"
-        c["primary"] = {
-            "effect": "an effect",
-            "threshold": 0.25,
-            "models": {m: test | {"p_holm": 0.02, "detected": True} for m in c["models"]},
-        }
-        c["calibration"] = {
-            "controls": [
-                {
-                    "model": "ape_rowcol",
-                    "role": "positive",
-                    "test": test,
-                    "detected": True,
-                    "enough_seeds": True,
-                    "seeds_above_threshold": 5,
-                    "as_designed": True,
-                }
-            ],
-            "sensitivity": 1.0,
-            "specificity": None,
-            "complete": False,
-            "passed": False,
-        }
-        c["would_change"] = "A smaller effect."
-        c["reference"] = {
-            "original_verdict": "supported",
-            "effect": 0.33,
-            "rule_verdict": "supported",
-            "agrees": True,
-            "note": "published numbers",
-        }
     for m in res["models"].values():
         m["aggregate"]["depth_profile"].pop("by_site")
         for run in m["runs"]:

@@ -12,7 +12,14 @@ import pytest
 
 from poslens.report import render_html, render_markdown, write_report
 from poslens.report.__main__ import main as report_main
-from poslens.report.common import claim_rows, fmt_duration, fmt_num, order_keys, verdict_label
+from poslens.report.common import (
+    claim_rows,
+    claims_of,
+    fmt_duration,
+    fmt_num,
+    order_keys,
+    verdict_label,
+)
 from tests.report.synthetic import MISSING_PNG, make_study, make_valid_study
 
 
@@ -167,10 +174,10 @@ def test_sections_come_in_order_with_every_verdict(study: tuple[Path, dict[str, 
         "not supported": "not-supported",
         "inconclusive": "inconclusive",
     }
-    for cl in results["claims"]:
+    for cl in claims_of(results):
         # badge colour class and its visible text (the verdict, with its qualifier where it has
         # one) agree, in the table and in the claim's details
-        assert page.badges.count((f"verdict v-{slug[cl['verdict']]}", verdict_label(cl))) == 2
+        assert page.badges.count((f"verdict v-{slug[cl.verdict]}", verdict_label(cl))) == 2
 
 
 def test_claims_open_with_the_claims_figure_and_two_levels(
@@ -189,7 +196,7 @@ def test_claims_open_with_the_claims_figure_and_two_levels(
                 level_name="the original's observation"),
            dict(results["claims"][0], claim="x", id="x.sharper", level="sharper",
                 level_name="the sharper test", statement="what the model uses")]  # fmt: skip
-    rows = claim_rows({"claims": two})
+    rows = claim_rows(claims_of({"claims": two}))
     assert rows[0][1][0] == two[0]["title"] and rows[1][1][0] == ""
     assert rows[1][1][1] == "the sharper test: what the model uses"
 
@@ -389,9 +396,9 @@ def test_summary_says_when_stages_were_reused() -> None:
 
     res = {"config": {"seeds": 1}, "timings": {"total_seconds": 3.0, "stages": [
         {"stage": "train", "reused": True}, {"stage": "depth_profile", "reused": False}]}}  # fmt: skip
-    assert "(1 of 2 stages reused from an earlier run)" in summary(res)
+    assert "(1 of 2 stages reused from an earlier run)" in summary(res, [])
     res["timings"]["stages"][0]["reused"] = False
-    assert "reused" not in summary(res)
+    assert "reused" not in summary(res, [])
 
 
 def _reversed_dicts(obj: Any) -> Any:

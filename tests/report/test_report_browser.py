@@ -17,7 +17,7 @@ import pytest
 from PIL import Image
 
 from poslens.report import write_report
-from poslens.report.common import verdict_label
+from poslens.report.common import claims_of, verdict_label
 from tests.report.synthetic import MISSING_PNG, make_study
 
 WINDOW = (1280, 900)
@@ -142,7 +142,7 @@ def test_report_renders_in_chromium(driver: Any, tmp_path: Path) -> None:
     note = driver.find_element(By.CSS_SELECTOR, "p.missing")
     assert note.is_displayed() and MISSING_PNG in note.text
     badges = driver.find_elements(By.CSS_SELECTOR, "#claims table .verdict")
-    assert [b.text for b in badges] == [verdict_label(c) for c in results["claims"]]
+    assert [b.text for b in badges] == [verdict_label(c) for c in claims_of(results)]
     # each verdict has its own colour (the synthetic claims hold one of each)
     colours = {b.value_of_css_property("background-color") for b in badges}
     assert len(colours) == 3 and "rgba(0, 0, 0, 0)" not in colours

@@ -25,6 +25,7 @@ from poslens.study.claims import CLAIMS, ORIGINAL, RULES, SHARPER, View
 from poslens.study.claims.ape import ape_site_effect
 from poslens.study.claims.heads import UNITS
 from poslens.study.claims.split import rope_split_effect
+from poslens.study.config import StudyConfig
 from poslens.study.judge import (
     DESCRIPTIVE,
     FAILED_CALIBRATION,
@@ -159,6 +160,11 @@ def calibrated() -> dict[str, dict[str, Any]]:
     )  # fmt: skip
 
 
+def judged(ms: dict[str, dict[str, Any]], cfg: StudyConfig | None = None) -> list[dict[str, Any]]:
+    """evaluate_claims as results.json records it (each ClaimResult's to_dict)."""
+    return [c.to_dict() for c in evaluate_claims(ms, cfg)]
+
+
 def claim(claims: list[dict[str, Any]], rid: str) -> dict[str, Any]:
     return next(c for c in claims if c["id"] == rid)
 
@@ -173,10 +179,10 @@ def test_every_claim_has_both_levels_in_order() -> None:
 
 
 def test_the_calibrated_numbers_support_every_level() -> None:
-    got = {c["id"]: c["verdict"] for c in evaluate_claims(calibrated())}
+    got = {c["id"]: c["verdict"] for c in judged(calibrated())}
     want = {r.id: DESCRIPTIVE if r.descriptive else SUPPORTED for r in RULES}
     assert got == want
-    for c in evaluate_claims(calibrated()):
+    for c in judged(calibrated()):
         if c["verdict"] == DESCRIPTIVE:
             continue
         cal = c["calibration"]
@@ -185,21 +191,21 @@ def test_the_calibrated_numbers_support_every_level() -> None:
 
 
 def test_every_verdict_names_the_scale_it_describes() -> None:
-    for c in evaluate_claims(calibrated()):
+    for c in judged(calibrated()):
         assert "width 32, depth 4, 4 heads, 6x6 grid" in c["summary"], c["id"]
         assert set(c["scale"]) == set(c["models"])
 
 
 def test_ape_original_reads_the_site_probe_and_its_negative_is_the_cell_code() -> None:
     ms = calibrated()
-    c = claim(evaluate_claims(ms), "ape_explicit_features.original")
+    c = claim(judged(ms), "ape_explicit_features.original")
     assert c["primary"]["models"]["ape"]["mean"] == pytest.approx(0.5)
     # a study model whose row/column latents move the probe no more than matched ones
     ms["ape"] = entry("ape", sae_numbers(0.12, 0.1))
-    assert claim(evaluate_claims(ms), "ape_explicit_features.original")["verdict"] == NOT_SUPPORTED
+    assert claim(judged(ms), "ape_explicit_features.original")["verdict"] == NOT_SUPPORTED
     # an instrument that also "detects" the cell code fails calibration: no verdict
     ms["ape_cell"] = entry("ape", sae_numbers(0.8, 0.1))
-    c = claim(evaluate_claims(ms), "ape_explicit_features.original")
+    c = claim(judged(ms), "ape_explicit_features.original")
     assert c["verdict"] == FAILED_CALIBRATION and "ape_cell" in c["summary"]
 
 
@@ -209,13 +215,13 @@ def test_ape_levels_can_disagree_decodable_but_unused() -> None:
     ms = calibrated()
     ms["ape"] = entry("ape", merge(sae_numbers(0.6, 0.1, acc=0.0, spread=0.005),
                                     removal(0.95, 0.25)))  # fmt: skip
-    claims = evaluate_claims(ms)
+    claims = judged(ms)
     assert claim(claims, "ape_explicit_features.original")["verdict"] == SUPPORTED
     assert claim(claims, "ape_explicit_features.sharper")["verdict"] == NOT_SUPPORTED
     # the shuffled negative control detected (it uses its table after all): calibration fails
     ms = calibrated()
     ms["ape_shuffled"] = entry("ape", merge(sae_numbers(0.6, 0.1, 0.3), removal(0.9, 0.3)))
-    c = claim(evaluate_claims(ms), "ape_explicit_features.sharper")
+    c = claim(judged(ms), "ape_explicit_features.sharper")
     assert c["verdict"] == FAILED_CALIBRATION and "ape_shuffled" in c["summary"]
 
 
@@ -230,7 +236,7 @@ def test_no_row_column_latents_is_missing_with_its_reason_not_a_zero() -> None:
     # as the only negative control: degenerate, the rule calibrated for sensitivity only
     ms = calibrated()
     ms["ape_cell"] = entry("ape", {"sae_causal": none})
-    c = claim(evaluate_claims(ms), "ape_explicit_features.original")
+    c = claim(judged(ms), "ape_explicit_features.original")
     assert c["calibration"]["sensitivity_only"] and c["verdict"] == SUPPORTED
     assert any("sensitivity only" in x for x in c["caveats"])
 
@@ -238,7 +244,7 @@ def test_no_row_column_latents_is_missing_with_its_reason_not_a_zero() -> None:
 def test_fewer_than_five_seeds_is_inconclusive() -> None:
     ms = calibrated()
     ms["ape"] = entry("ape", sae_numbers(0.6, 0.1, n=3), seeds=3)
-    c = claim(evaluate_claims(ms), "ape_explicit_features.original")
+    c = claim(judged(ms), "ape_explicit_features.original")
     assert c["verdict"] == INCONCLUSIVE and "seed" in c["summary"]
     # every seed the study ran was measured: the reason is the study's seed count
     assert "3 of 3 seeds measured, a verdict needs 5 (the study ran 3 seeds)" in c["summary"]
@@ -246,42 +252,42 @@ def test_fewer_than_five_seeds_is_inconclusive() -> None:
 
 
 def test_a_rule_without_its_controls_gives_no_verdict() -> None:
-    c = claim(evaluate_claims(models(ape=removal(0.95, 0.25))), "position_matters.original")
+    c = claim(judged(models(ape=removal(0.95, 0.25))), "position_matters.original")
     assert c["verdict"] == INCONCLUSIVE and "calibrated" in c["summary"]
     assert c["primary"]["models"]["ape"]["detected"]  # the effect itself is clear
 
 
 def test_position_matters_against_position_present_but_unusable() -> None:
     ms = calibrated()
-    c = claim(evaluate_claims(ms), "position_matters.original")
+    c = claim(judged(ms), "position_matters.original")
     assert c["verdict"] == SUPPORTED and set(c["models"]) == {"ape", "rope_axial", "rope_mixed"}
     ms["rope_axial"] = entry("rope_axial", removal(0.9, 0.89))  # 1 point: below the threshold
-    c = claim(evaluate_claims(ms), "position_matters.original")
+    c = claim(judged(ms), "position_matters.original")
     assert c["verdict"] == NOT_SUPPORTED and "rope_axial" in c["summary"]
     assert "Not observed in these models" in c["summary"]
 
 
 def test_split_original_is_judged_on_axial_rope_against_oblique_pre_rotation_axes() -> None:
     ms = calibrated()
-    c = claim(evaluate_claims(ms), "rope_planes_split.original")
+    c = claim(judged(ms), "rope_planes_split.original")
     assert c["models"] == ["rope_axial"] and c["verdict"] == SUPPORTED
     ctrl = next(x for x in c["calibration"]["controls"] if x["model"] == "rope_oblique")
     assert ctrl["measured"] and not ctrl["detected"]  # measured, not gated: it could have failed
     # the other axis survives worse than under random planes: not supported
     ms["rope_axial"] = entry("rope_axial", split(0.1, 0.4))
-    assert claim(evaluate_claims(ms), "rope_planes_split.original")["verdict"] == NOT_SUPPORTED
+    assert claim(judged(ms), "rope_planes_split.original")["verdict"] == NOT_SUPPORTED
     # oblique planes whose axes came from the angle tensors: the gate closes every seed, an
     # outcome ("nothing to split"), not an effect of 0; the negative control is then degenerate
     ms["rope_oblique"] = entry("rope_axial", split(0.35, 0.4, aligned=0.0, pre=0.0))
     e = rope_split_effect(View("x", ms["rope_oblique"]))
     assert e.measured == 0 and e.gate and "nothing to split" in e.reasons()
-    c = claim(evaluate_claims(ms), "rope_planes_split.original")
+    c = claim(judged(ms), "rope_planes_split.original")
     assert c["calibration"]["sensitivity_only"]
     assert any("nothing to split" in line and "degenerate" in line for line in c["controls"])
 
 
 def test_split_sharper_is_descriptive() -> None:
-    c = claim(evaluate_claims(calibrated()), "rope_planes_split.sharper")
+    c = claim(judged(calibrated()), "rope_planes_split.sharper")
     assert c["verdict"] == DESCRIPTIVE and c["models"] == ["rope_mixed"]
     assert c["primary"]["models"]["rope_mixed"]["mean"] == pytest.approx(0.2)
     assert "0.2 [" in c["summary"] and not c["calibration"]["controls"]
@@ -289,7 +295,7 @@ def test_split_sharper_is_descriptive() -> None:
 
 def test_rebuild_levels_read_retention_then_compensation() -> None:
     ms = calibrated()
-    claims = evaluate_claims(ms)
+    claims = judged(ms)
     a, b = (claim(claims, f"rope_rebuilds.{lvl}") for lvl in (ORIGINAL, SHARPER))
     assert a["primary"]["models"]["rope_axial"]["mean"] == pytest.approx(0.8)  # window 0..1
     assert any("RPI-SSDC units" in n and "0.3 [" in n for n in b["notes"])  # 0.8 + 0.5 - 1
@@ -297,13 +303,13 @@ def test_rebuild_levels_read_retention_then_compensation() -> None:
     line = next(r.threshold for r in RULES if r.id == "rope_rebuilds.sharper")
     ms["rope_axial"] = entry("rope_axial", windows(0.8, line))
     ms["rope_mixed"] = entry("rope_mixed", windows(0.8, line))
-    claims = evaluate_claims(ms)
+    claims = judged(ms)
     assert claim(claims, "rope_rebuilds.original")["verdict"] == SUPPORTED
     b = claim(claims, "rope_rebuilds.sharper")
     assert b["verdict"] == INCONCLUSIVE and b["qualifier"] == NO_POWER
     ms["rope_axial"] = entry("rope_axial", windows(0.3, -0.3))
     ms["rope_mixed"] = entry("rope_mixed", windows(0.3, -0.3))
-    claims = evaluate_claims(ms)
+    claims = judged(ms)
     assert claim(claims, "rope_rebuilds.original")["verdict"] == NOT_SUPPORTED
     assert claim(claims, "rope_rebuilds.sharper")["verdict"] == NOT_SUPPORTED
 
@@ -312,13 +318,13 @@ def test_a_positive_control_that_fails_its_held_out_window_fails_calibration() -
     ms = calibrated()
     ms["rope_rebuild"] = entry("rope_axial", merge(split(0.9, 0.3), windows(0.1, 0.0),
                                                    heads(0.1, 0.0, 0.8)))  # fmt: skip
-    c = claim(evaluate_claims(ms), "rope_rebuilds.sharper")
+    c = claim(judged(ms), "rope_rebuilds.sharper")
     assert c["verdict"] == FAILED_CALIBRATION and "rope_rebuild" in c["summary"]
 
 
 def test_heads_original_has_a_random_head_null_built_inside_the_study_model() -> None:
     ms = calibrated()
-    c = claim(evaluate_claims(ms), "heads_rebuild.original")
+    c = claim(judged(ms), "heads_rebuild.original")
     assert c["verdict"] == SUPPORTED
     null = next(x for x in c["calibration"]["controls"] if x["model"] == "rope_axial, random head")
     assert null["role"] == "negative" and null["measured"] and not null["detected"]
@@ -326,13 +332,13 @@ def test_heads_original_has_a_random_head_null_built_inside_the_study_model() ->
     ms["rope_axial"]["aggregate"]["heads"][hd.held_out_key(UNITS, hd.NULL_EXCESS_ACCURACY)] = (
         mean_se(jitter(0.15))
     )
-    c = claim(evaluate_claims(ms), "heads_rebuild.original")
+    c = claim(judged(ms), "heads_rebuild.original")
     assert c["verdict"] == FAILED_CALIBRATION and "random head" in c["summary"]
 
 
 def test_holm_is_one_family_per_level() -> None:
     assert holm([0.01, 0.04, 0.03, 0.5]) == pytest.approx([0.04, 0.09, 0.09, 0.5])
-    for c in evaluate_claims(calibrated()):
+    for c in judged(calibrated()):
         tests = [
             *c["primary"]["models"].values(),
             *(x["test"] for x in c["calibration"]["controls"]),
@@ -434,7 +440,7 @@ def test_a_broken_input_makes_the_level_inconclusive_with_its_reason(
         agg[am.FRACTION_ALIGNED] = mean_se([0.1, 0.2, 1.0, 1.0, 1.0])
     else:
         _break(ms, model, exp, how, keys)
-    c = claim(evaluate_claims(ms), rule)
+    c = claim(judged(ms), rule)
     assert c["verdict"] == INCONCLUSIVE, c["summary"]
     assert reason in c["summary"] and model in c["summary"]
     assert c["measured"][model]["measured"] < SEEDS
@@ -450,7 +456,7 @@ def test_a_broken_control_leaves_the_rule_uncalibrated() -> None:
     ]:
         ms = calibrated()
         _break(ms, control, exp, "nan", keys)
-        c = claim(evaluate_claims(ms), rule)
+        c = claim(judged(ms), rule)
         assert c["verdict"] == INCONCLUSIVE and "not calibrated" in c["summary"]
         assert control in c["summary"]
 
@@ -460,11 +466,11 @@ def test_a_control_with_no_spread_does_not_count() -> None:
     spread leaves the rule uncalibrated; a negative one is degenerate (sensitivity only)."""
     ms = calibrated()
     ms["rope_rebuild"]["aggregate"]["windows"][REL] = mean_se([0.5] * SEEDS)
-    c = claim(evaluate_claims(ms), "rope_rebuilds.sharper")
+    c = claim(judged(ms), "rope_rebuilds.sharper")
     assert c["verdict"] == INCONCLUSIVE and "no spread" in c["summary"]
     ms = calibrated()
     ms["rope_late"]["aggregate"]["windows"][REL] = mean_se([0.0] * SEEDS)
-    c = claim(evaluate_claims(ms), "rope_rebuilds.sharper")
+    c = claim(judged(ms), "rope_rebuilds.sharper")
     assert c["calibration"]["sensitivity_only"] and c["verdict"] == SUPPORTED
     assert any("degenerate" in line for line in c["controls"])
 
@@ -477,7 +483,7 @@ def test_a_failed_calibration_names_the_controls_that_failed_and_how() -> None:
     none = {sae.latents_key("early", "row"): [0.0] * SEEDS,
             sae.latents_key("early", "col"): [0.0] * SEEDS}  # fmt: skip
     ms["ape_cell"] = entry("ape", {"sae_causal": none})
-    c = claim(evaluate_claims(ms), "ape_explicit_features.original")
+    c = claim(judged(ms), "ape_explicit_features.original")
     assert c["verdict"] == FAILED_CALIBRATION
     assert "ape_rowcol (positive control) not detected: 0.02" in c["summary"]
     assert "ape_cell" not in c["summary"] and "ape 0.50" in c["summary"]
@@ -490,12 +496,12 @@ def test_the_heads_nulls_are_read_inside_each_judged_model_pretrained_too() -> N
 
     ms = {"vit_rope": entry("rope_axial", merge(windows(0.8, 0.3), heads(0.05, 0.0, 0.6)))}
     cfg = StudyConfig(pretrained=("timm:vit_small_patch16_rope_224=hub",), images="imgs")
-    claims = evaluate_claims(ms, cfg)
+    claims = judged(ms, cfg)
     for rid, label in (("heads_rebuild.original", "random head"),
                        ("heads_rebuild.sharper", "heads permuted")):  # fmt: skip
         rows = {r["model"]: r for r in claim(claims, rid)["calibration"]["controls"]}
         assert set(rows) == {f"vit_rope, {label}"}, rid
         assert rows[f"vit_rope, {label}"]["measured"] and not rows[f"vit_rope, {label}"]["detected"]
-    trained = {r["model"] for r in claim(evaluate_claims(calibrated()), "heads_rebuild.sharper")
+    trained = {r["model"] for r in claim(judged(calibrated()), "heads_rebuild.sharper")
                ["calibration"]["controls"]}  # fmt: skip
     assert "rope_axial, heads permuted" in trained

@@ -24,26 +24,26 @@ def test_one_panel_per_level_with_threshold_bounds_and_the_original() -> None:
     assert len(axes) == len(RULES)
     for ax, c in zip(axes, claims, strict=True):
         title = ax.get_title(loc="left")
-        assert c["title"] in title and c["verdict"] in title
+        assert c.title in title and c.verdict in title
         labels = [t.get_text() for t in ax.get_yticklabels()]
-        names = [*c["primary"]["models"], *(f"{k['model']} ({k['role']})"
-                                            for k in c["calibration"]["controls"])]  # fmt: skip
+        names = [*c.primary.models, *(f"{k.model} ({k.role})" for k in c.calibration.controls)]
         assert labels == names
         vlines = [ln.get_xdata()[0] for ln in ax.get_lines() if len(set(ln.get_xdata())) == 1
                   and ln.get_linestyle() in ("--", ":")]  # fmt: skip
-        if c["verdict"] != "descriptive":
-            assert c["primary"]["threshold"] in vlines
-        ref = c["reference"]
-        if ref["comparable"]:
-            assert any(math.isclose(x, ref["effect"]) for x in vlines), c["id"]
+        if c.verdict != "descriptive":
+            assert c.primary.threshold in vlines
+        ref = c.reference
+        if ref.comparable:
+            assert ref.effect is not None
+            assert any(math.isclose(x, ref.effect) for x in vlines), c.id
         # each measured row: an interval from its one-sided lower to upper bound
         tests = [
-            *c["primary"]["models"].values(),
-            *(k["test"] for k in c["calibration"]["controls"]),
+            *c.primary.models.values(),
+            *(k.test for k in c.calibration.controls),
         ]
         spans = [tuple(ln.get_xdata()) for ln in ax.get_lines() if len(ln.get_xdata()) == 2]
         for t in tests:
-            assert any(np.allclose(s, (t["lower"], t["upper"])) for s in spans)
+            assert any(np.allclose(s, (t.lower, t.upper)) for s in spans)
 
 
 def test_nothing_to_draw_without_claims() -> None:

@@ -15,7 +15,7 @@ from scipy import stats as st
 from poslens.metrics.stats import holm
 from poslens.study.aggregate import mean_se
 from poslens.study.claims import RULES
-from poslens.study.judge import FRAGILE, INCONCLUSIVE, NO_POWER, SUPPORTED, evaluate_claims
+from poslens.study.judge import FRAGILE, INCONCLUSIVE, NO_POWER, SUPPORTED
 from poslens.study.power import detectable_shift, level_power, pooled_sd, seeds_to_decide
 from poslens.study.reference import CHECKS
 from poslens.study.replication import (
@@ -27,7 +27,17 @@ from poslens.study.replication import (
     replication,
     verdict_shares,
 )
-from tests.study.test_claims import calibrated, claim, entry, heads, jitter, merge, split, windows
+from tests.study.test_claims import (
+    calibrated,
+    claim,
+    entry,
+    heads,
+    jitter,
+    judged,
+    merge,
+    split,
+    windows,
+)
 
 
 @pytest.mark.parametrize(("sd", "n", "alpha"), [(0.1, 5, 0.05), (0.3, 8, 0.0125)])
@@ -114,7 +124,7 @@ def test_a_fragile_verdict_is_inconclusive_and_says_what_would_stabilise_it() ->
                                                   heads(0.2, 0.0, 0.6)))  # fmt: skip
     ms["rope_axial"]["aggregate"]["position_removal"] = {
         **ms["rope_axial"]["aggregate"]["position_removal"]}
-    c = claim(evaluate_claims(ms), "rope_planes_split.original")
+    c = claim(judged(ms), "rope_planes_split.original")
     rep = c["replication"]
     assert rep is not None and rep["shares"] and math.isclose(sum(rep["shares"].values()), 1.0)
     if rep["stable"]:  # the constructed numbers must sit near the line for this test to mean much
@@ -124,7 +134,7 @@ def test_a_fragile_verdict_is_inconclusive_and_says_what_would_stabilise_it() ->
 
 
 def test_every_claim_carries_power_threshold_source_and_replication() -> None:
-    for c in evaluate_claims(calibrated()):
+    for c in judged(calibrated()):
         rule = next(r for r in RULES if r.id == c["id"])
         assert c["threshold_source"] == rule.threshold_source
         if rule.descriptive:
@@ -139,7 +149,7 @@ def test_no_power_names_the_seeds_that_would_decide() -> None:
     line = next(r.threshold for r in RULES if r.id == "rope_rebuilds.sharper")
     ms["rope_axial"] = entry("rope_axial", windows(0.8, line + 0.03))
     ms["rope_mixed"] = entry("rope_mixed", windows(0.8, line + 0.03))
-    c = claim(evaluate_claims(ms), "rope_rebuilds.sharper")
+    c = claim(judged(ms), "rope_rebuilds.sharper")
     assert c["verdict"] == INCONCLUSIVE and c["qualifier"] == NO_POWER
     n = c["power"]["seeds_needed"]
     assert n is not None and n > 5 and f"--seeds {n}" in c["summary"]
@@ -168,7 +178,7 @@ def test_the_calibration_record_and_the_verdict_agree() -> None:
     then (before the fragility check)."""
     ms = calibrated()
     ms["rope_axial"]["aggregate"]["heads"][hd_null_key()] = mean_se(jitter(0.15))
-    for c in evaluate_claims(ms):
+    for c in judged(ms):
         if c["verdict"] == "descriptive" or not c["calibration"]["complete"]:
             continue
         fragile = c["summary"].startswith("Fragile: instrument failed calibration")

@@ -22,6 +22,7 @@ from poslens.report.schema import check_results, results_schema, schema_error
 from poslens.study import StudyConfig, preset, run_study
 from poslens.study.aggregate import aggregate, mean_se
 from poslens.study.claims import RULES
+from poslens.study.result import ClaimResult, claims_of
 
 TINY_STUDY = StudyConfig(
     preset="quick",
@@ -109,6 +110,21 @@ study_changes = st.fixed_dictionaries(
         "in_situ": st.booleans(),
     },
 )
+
+
+def test_claims_read_back_from_results_json_and_write_the_same(
+    study: tuple[Path, dict[str, Any]],
+) -> None:
+    """Each claim of a real study's results.json parses into a ClaimResult that writes it back
+    unchanged, and the in-memory results keep judge's key order."""
+    out, res = study
+    written = json.loads((out / "results.json").read_text())["claims"]
+    parsed = claims_of({"claims": written})
+    assert [c.id for c in parsed] == [r.id for r in RULES]
+    for c, d, mine in zip(parsed, written, res["claims"], strict=True):
+        assert c.to_dict() == d
+        assert ClaimResult.from_dict(c.to_dict()) == c
+        assert list(c.to_dict()) == list(mine)
 
 
 def _study_config(changes: dict[str, Any]) -> tuple[StudyConfig, str]:

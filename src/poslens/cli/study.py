@@ -79,12 +79,13 @@ def cmd_study(args: argparse.Namespace) -> int:
         slurm=_slurm_options(args),
     )
     from poslens.report.claims import verdict_label
+    from poslens.study.result import claims_of
 
     print(f"{'claim':<48} {'level':<9} verdict (replication on fresh seed sets)")
-    for c in results["claims"]:
-        rep = (c.get("replication") or {}).get("probability")
+    for c in claims_of(results):
+        rep = (c.replication or {}).get("probability")
         same = "" if rep is None else f" ({rep:.0%})"
-        print(f"{c['title'][:47]:<48} {c['level']:<9} {verdict_label(c)}{same}")
+        print(f"{c.title[:47]:<48} {c.level:<9} {verdict_label(c)}{same}")
     total = results["timings"]["total_seconds"]
     print(f"results in {args.out} (report.html, report.md, results.json) after {total:.0f}s")
     return 0

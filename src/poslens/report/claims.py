@@ -3,59 +3,55 @@ detail sections (threshold, power, replication among them) and the calibration t
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Sequence
 
 from poslens.report.format import NONE, fmt_num, fmt_value
-from poslens.study.verdicts import VERDICTS
+from poslens.study.result import ClaimResult
+from poslens.study.verdicts import NOT_COMPARABLE, VERDICTS
 
 
-def verdict_counts(results: Mapping[str, Any]) -> dict[str, int]:
+def verdict_counts(claims: Sequence[ClaimResult]) -> dict[str, int]:
     """How many claim levels got each verdict (the known ones always present)."""
     counts = dict.fromkeys(VERDICTS, 0)
-    for c in results.get("claims") or []:
-        v = str(c.get("verdict"))
-        counts[v] = counts.get(v, 0) + 1
+    for cl in claims:
+        counts[cl.verdict] = counts.get(cl.verdict, 0) + 1
     return counts
 
 
-def verdict_label(cl: Mapping[str, Any]) -> str:
-    """The verdict as printed: 'inconclusive (no power)' where the claim names a qualifier."""
-    v = cl.get("verdict")
-    text = "no verdict" if v is None else str(v)
-    return f"{text} ({cl['qualifier']})" if cl.get("qualifier") else text
+def verdict_text(verdict: str | None, qualifier: str | None) -> str:
+    """A verdict as printed: 'inconclusive (no power)' where there is a qualifier."""
+    text = "no verdict" if verdict is None else str(verdict)
+    return f"{text} ({qualifier})" if qualifier else text
 
 
-def measured_cell(cl: Mapping[str, Any]) -> str:
+def verdict_label(cl: ClaimResult) -> str:
+    """The claim's verdict as printed, with its qualifier where it names one."""
+    return verdict_text(cl.verdict, cl.qualifier)
+
+
+def measured_cell(cl: ClaimResult) -> str:
     """Per study model, its measured seeds of those run: 'ape 4 of 5, rope_axial 5 of 5'
     (results without that record list the models)."""
-    measured = cl.get("measured")
-    if not isinstance(measured, Mapping) or not measured:
-        return fmt_value(cl.get("models"))
+    if not cl.measured:
+        return fmt_value(list(cl.models))
     return ", ".join(
-        f"{m} {fmt_value(x.get('measured'))} of {fmt_value(x.get('seeds'))}"
-        for m, x in measured.items()
-        if isinstance(x, Mapping)
+        f"{m} {fmt_value(x.measured)} of {fmt_value(x.seeds)}" for m, x in cl.measured.items()
     )
 
 
-def claim_heading(cl: Mapping[str, Any]) -> str:
+def claim_heading(cl: ClaimResult) -> str:
     """'APE: position lives in ...: the original's observation' (the title alone without levels)."""
-    title = str(cl.get("title", cl.get("id", "")))
-    return f"{title}: {cl['level_name']}" if cl.get("level_name") else title
+    return f"{cl.title}: {cl.level_name}" if cl.level_name else cl.title
 
 
-def reference_cell(cl: Mapping[str, Any]) -> str:
+def reference_cell(cl: ClaimResult) -> str:
     """The original's verdict on this level and the rule's on the original's published numbers."""
-    ref = cl.get("reference") or {}
-    if not ref:
-        return NONE
-    orig = str(ref.get("original_verdict", NONE))
-    got = ref.get("rule_verdict")
-    if got is None or got == "not comparable" or not ref.get("comparable", True):
+    ref = cl.reference
+    orig = str(ref.original_verdict)
+    got = ref.rule_verdict
+    if got is None or got == NOT_COMPARABLE or ref.comparable is False:
         return orig
-    effect = ref.get("effect")
-    value = f" at {fmt_num(float(effect))}" if effect is not None else ""
+    value = f" at {fmt_num(float(ref.effect))}" if ref.effect is not None else ""
     return f"{orig}; the rule on its numbers: {got}{value}"
 
 
@@ -63,105 +59,96 @@ CLAIMS_HEAD = ["Claim", "Level", "Verdict", "The original", "Summary", "Measured
                "Threshold, power, replication"]  # fmt: skip
 
 
-def power_cell(cl: Mapping[str, Any]) -> str:
+def power_cell(cl: ClaimResult) -> str:
     """'threshold 0.1; detects >= 0.18 at 5 seeds; the same verdict on 97% of fresh 5-seed sets'
     (what is absent from older results is left out)."""
     parts = []
-    if cl.get("primary", {}).get("threshold") is not None and cl.get("power"):
-        parts.append(f"threshold {fmt_num(float(cl['primary']['threshold']))}")
-    power = cl.get("power") or {}
+    if cl.primary.threshold is not None and cl.power:
+        parts.append(f"threshold {fmt_num(float(cl.primary.threshold))}")
+    power = cl.power or {}
     if power.get("mde") is not None:
         parts.append(f"detects >= {fmt_num(float(power['mde']))} at {power.get('seeds')} seeds")
     if power.get("seeds_needed") is not None:
         parts.append(f"{power['seeds_needed']} seeds would decide it")
-    rep = cl.get("replication") or {}
+    rep = cl.replication or {}
     if rep.get("text"):
         parts.append(str(rep["text"]))
     return "; ".join(parts) or NONE
 
 
-def claim_rows(results: Mapping[str, Any]) -> list[tuple[Mapping[str, Any], list[str]]]:
+def claim_rows(claims: Sequence[ClaimResult]) -> list[tuple[ClaimResult, list[str]]]:
     """(claim level, cells) for the claims table; the claim's title on its first level only."""
     rows, seen = [], set()
-    for cl in results.get("claims") or []:
-        group = cl.get("claim", cl.get("id"))
-        title = "" if group in seen else str(cl.get("title", cl.get("id", "")))
-        seen.add(group)
-        level = str(cl.get("level_name") or NONE)
-        if cl.get("statement"):
-            level += f": {cl['statement']}"
-        rows.append((cl, [title, level, verdict_label(cl), reference_cell(cl),
-                          str(cl.get("summary", "")), measured_cell(cl), power_cell(cl)]))  # fmt: skip
+    for cl in claims:
+        title = "" if cl.claim in seen else cl.title
+        seen.add(cl.claim)
+        level = str(cl.level_name or NONE)
+        if cl.statement:
+            level += f": {cl.statement}"
+        rows.append((cl, [title, level, verdict_label(cl), reference_cell(cl), str(cl.summary),
+                          measured_cell(cl), power_cell(cl)]))  # fmt: skip
     return rows
 
 
-def power_lines(cl: Mapping[str, Any]) -> list[str]:
+def power_lines(cl: ClaimResult) -> list[str]:
     """The threshold with its source, the power at the run's seeds and the replication estimate."""
     out = []
-    if cl.get("threshold_source"):
-        threshold = (cl.get("primary") or {}).get("threshold")
+    if cl.threshold_source:
+        threshold = cl.primary.threshold
         value = "" if threshold is None else f"{fmt_num(float(threshold))}: "
-        out.append(f"Threshold {value}{cl['threshold_source']}.")
-    if (cl.get("power") or {}).get("text"):
-        out.append(f"Power: {cl['power']['text']}.")
-    if (cl.get("replication") or {}).get("text"):
-        out.append(f"Replication: {cl['replication']['text']}.")
+        out.append(f"Threshold {value}{cl.threshold_source}.")
+    if (cl.power or {}).get("text"):
+        out.append(f"Power: {(cl.power or {})['text']}.")
+    if (cl.replication or {}).get("text"):
+        out.append(f"Replication: {(cl.replication or {})['text']}.")
     return out
 
 
-def claim_sections(cl: Mapping[str, Any]) -> list[tuple[str, list[str]]]:
+def claim_sections(cl: ClaimResult) -> list[tuple[str, list[str]]]:
     """A claim's detail as (heading, lines): the primary test per study model, the calibration
     on controls, the caveats, what would change the verdict and the reference check."""
-    ref = cl.get("reference") or {}
-    if ref:
-        got = ref.get("rule_verdict") or "not computable"
-        line = (
-            f"On the original study's published numbers the rule gives: {got} (the original: "
-            f"{ref.get('original_verdict', NONE)}). {ref.get('note', '')}"
-        )
-        if ref.get("effect") is not None:
-            line += f" Effect {fmt_num(float(ref['effect']))}."
-        reference = [line]
-    else:
-        reference = []
-    cal = cl.get("calibration") or {}
-    tally = []
-    if cal:
-        tally.append(
-            f"sensitivity {fmt_value(cal.get('sensitivity'))}, specificity "
-            f"{fmt_value(cal.get('specificity'))}; "
-            + ("passed" if cal.get("passed") else "not passed")
-        )
+    ref = cl.reference
+    line = (
+        f"On the original study's published numbers the rule gives: "
+        f"{ref.rule_verdict or 'not computable'} (the original: {ref.original_verdict}). "
+        f"{ref.note}"
+    )
+    if ref.effect is not None:
+        line += f" Effect {fmt_num(float(ref.effect))}."
+    cal = cl.calibration
+    tally = (
+        f"sensitivity {fmt_value(cal.sensitivity)}, specificity {fmt_value(cal.specificity)}; "
+        + ("passed" if cal.passed else "not passed")
+    )
     return [
-        ("What this level tests", [cl["statement"]] if cl.get("statement") else []),
-        ("Primary test", list(cl.get("evidence") or [])),
+        ("What this level tests", [cl.statement] if cl.statement else []),
+        ("Primary test", list(cl.evidence)),
         ("Threshold, power and replication", power_lines(cl)),
-        ("Secondary numbers", list(cl.get("notes") or [])),
-        ("Calibration", [*(cl.get("controls") or []), *tally]),
-        ("Caveats", list(cl.get("caveats") or [])),
-        ("What would change the verdict", [cl["would_change"]] if cl.get("would_change") else []),
-        ("Reference check", reference),
+        ("Secondary numbers", list(cl.notes or [])),
+        ("Calibration", [*cl.controls, tally]),
+        ("Caveats", list(cl.caveats)),
+        ("What would change the verdict", [cl.would_change] if cl.would_change else []),
+        ("Reference check", [line]),
     ]
 
 
-def calibration_rows(results: Mapping[str, Any]) -> list[list[str]]:
+def calibration_rows(claims: Sequence[ClaimResult]) -> list[list[str]]:
     """One row per (claim, control model): role, the effect over seeds, detected, as designed."""
     rows = []
-    for cl in results.get("claims") or []:
-        for ctrl in (cl.get("calibration") or {}).get("controls") or []:
-            t = ctrl.get("test") or {}
-            bound = t.get("lower") if "lower" in t else (t.get("ci") or [None])[0]
-            seeds = fmt_value(t.get("n"))
-            if t.get("seeds") is not None:
-                seeds += f" of {fmt_value(t.get('seeds'))}"
-            detected = "yes" if ctrl.get("detected") else "no"
-            if ctrl.get("measured") is False:
+    for cl in claims:
+        for ctrl in cl.calibration.controls:
+            t = ctrl.test
+            seeds = fmt_value(t.n)
+            if t.seeds is not None:
+                seeds += f" of {fmt_value(t.seeds)}"
+            detected = "yes" if ctrl.detected else "no"
+            if ctrl.measured is False:
                 detected = "not measured"
             rows.append([
-                claim_heading(cl), str(ctrl.get("model")),
-                str(ctrl.get("role")), f"{fmt_value(t.get('mean'))} (>= {fmt_value(bound)})",
-                seeds, fmt_value(ctrl.get("seeds_above_threshold")), detected,
-                "yes" if ctrl.get("as_designed") else "NO",
+                claim_heading(cl), str(ctrl.model),
+                str(ctrl.role), f"{fmt_value(t.mean)} (>= {fmt_value(t.bound)})",
+                seeds, fmt_value(ctrl.seeds_above_threshold), detected,
+                "yes" if ctrl.as_designed else "NO",
             ])  # fmt: skip
     return rows
 

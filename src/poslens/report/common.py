@@ -9,7 +9,7 @@ Every function returns plain text; each renderer escapes it for its own format.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,7 @@ from poslens.report.claims import (
     reference_cell,
     verdict_counts,
     verdict_label,
+    verdict_text,
 )
 from poslens.report.format import (
     MAX_LIST,
@@ -38,6 +39,7 @@ from poslens.report.format import (
     slug,
     verdict_class,
 )
+from poslens.study.result import ClaimResult, claims_of
 from poslens.study.verdicts import CLAIMS_FIGURE
 
 
@@ -79,8 +81,9 @@ def _reused_note(results: Mapping[str, Any]) -> str:
     return f" ({reused} of {len(stages)} stages reused from an earlier run)"
 
 
-def summary(results: Mapping[str, Any]) -> str:
-    """The one-paragraph summary under the title: what ran, how long, and the verdict tally."""
+def summary(results: Mapping[str, Any], claims: Sequence[ClaimResult]) -> str:
+    """The one-paragraph summary under the title: what ran, how long, and the verdict tally of
+    its claims (claims_of(results))."""
     cfg = results.get("config") or {}
     everything = models(results)
     entries = results.get("models") or {}
@@ -100,10 +103,9 @@ def summary(results: Mapping[str, Any]) -> str:
         + _reused_note(results)
         + "."
     ]
-    claims = results.get("claims") or []
     if claims:
-        tally = ", ".join(f"{n} {v}" for v, n in verdict_counts(results).items())
-        groups = len({cl.get("claim", cl.get("id")) for cl in claims})
+        tally = ", ".join(f"{n} {v}" for v, n in verdict_counts(claims).items())
+        groups = len({cl.claim for cl in claims})
         parts.append(f"Of its {groups} claims, at {len(claims)} levels: {tally}.")
     meta = [
         f"poslens {results['poslens_version']}" if results.get("poslens_version") else "",
@@ -388,6 +390,7 @@ __all__ = [
     "claim_heading",
     "claim_rows",
     "claim_sections",
+    "claims_of",
     "data_files",
     "experiments",
     "figures",
@@ -416,4 +419,5 @@ __all__ = [
     "verdict_class",
     "verdict_counts",
     "verdict_label",
+    "verdict_text",
 ]

@@ -15,6 +15,7 @@ import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -23,6 +24,7 @@ from poslens.errors import UserError
 from poslens.io import read_json
 from poslens.report import common as c
 from poslens.report import html as h
+from poslens.study.result import ClaimResult, claims_of
 from poslens.study.schema import SCHEMA
 from poslens.study.verdicts import CLAIMS_FIGURE
 
@@ -41,13 +43,14 @@ class Run:
     results: Mapping[str, Any]
     label: str = ""  # the column heading: the folder's own name, or all of it where two share one
 
-    def claims(self) -> dict[tuple[str, str], Mapping[str, Any]]:
+    @cached_property
+    def parsed(self) -> list[ClaimResult]:
+        """Its claims, parsed once (UserError, one line, for a claim that lacks a required key)."""
+        return claims_of(self.results)
+
+    def claims(self) -> dict[tuple[str, str], ClaimResult]:
         """Its claim levels by (claim, level), in the run's order."""
-        out: dict[tuple[str, str], Mapping[str, Any]] = {}
-        for cl in self.results.get("claims") or []:
-            if isinstance(cl, Mapping):
-                out[(str(cl.get("claim") or cl.get("id")), str(cl.get("level") or ""))] = cl
-        return out
+        return {(cl.claim, cl.level): cl for cl in self.parsed}
 
     def claims_png(self) -> str:
         """The claims-at-a-glance figure's path inside the folder."""
@@ -92,6 +95,10 @@ def load_runs(folders: Sequence[str]) -> list[Run]:
     for run in runs:
         if not isinstance(run.results.get("claims"), list):
             raise UserError(f"{run.folder / RESULTS} has no list of claims")
+        try:
+            run.parsed  # noqa: B018 (parsed once here, so a bad claim is refused before output)
+        except UserError as e:
+            raise UserError(f"{run.folder / RESULTS}: {e}") from None
     return runs
 
 
@@ -102,14 +109,13 @@ class Level:
     claim: str
     level: str
     title: str
-    cells: list[Mapping[str, Any] | None]
+    cells: list[ClaimResult | None]
 
     @property
     def agreement(self) -> str:
         """'agree' when every run has this level with the same verdict and qualifier ("inconclusive
         (fragile)" and "inconclusive (no power)" differ), else 'differ'."""
-        verdicts = {None if cl is None else (cl.get("verdict"), cl.get("qualifier"))
-                    for cl in self.cells}  # fmt: skip
+        verdicts = {None if cl is None else (cl.verdict, cl.qualifier) for cl in self.cells}
         return AGREE if len(verdicts) == 1 and None not in verdicts else DIFFER
 
 
@@ -119,7 +125,7 @@ def levels(runs: Sequence[Run]) -> list[Level]:
     keys: dict[tuple[str, str], str] = {}
     for claims in per_run:
         for key, cl in claims.items():
-            keys.setdefault(key, str(cl.get("title") or key[0]))
+            keys.setdefault(key, cl.title or key[0])
     return [Level(k[0], k[1], t, [cl.get(k) for cl in per_run]) for k, t in keys.items()]
 
 
@@ -129,24 +135,21 @@ def _num(x: Any) -> str:
     return c.fmt_num(x) if real else DASH
 
 
-def verdict(cl: Mapping[str, Any] | None) -> str:
+def verdict(cl: ClaimResult | None) -> str:
     """The verdict with its qualifier ('inconclusive (no power)'), or a dash."""
     return DASH if cl is None else c.verdict_label(cl)
 
 
-def effects(cl: Mapping[str, Any] | None) -> list[str]:
+def effects(cl: ClaimResult | None) -> list[str]:
     """Per study model: 'ape 0.41 [0.3, 0.52]' (mean, one-sided 95% lower and upper bounds; the
     mean alone where there are none, 'not measured' where there is no mean)."""
     if cl is None:
         return []
-    primary = cl.get("primary") if isinstance(cl.get("primary"), Mapping) else {}
-    models = primary.get("models") if isinstance(primary.get("models"), Mapping) else {}
-    if not models:
+    if not cl.primary.models:
         return ["no study model ran"]
     out = []
-    for m, t in models.items():
-        t = t if isinstance(t, Mapping) else {}
-        mean, lo, hi = (_num(t.get(k)) for k in ("mean", "lower", "upper"))
+    for m, t in cl.primary.models.items():
+        mean, lo, hi = _num(t.mean), _num(t.lower), _num(t.upper)
         if mean == DASH:
             out.append(f"{m} not measured")
         else:  # no bounds without two seeds that differ
@@ -154,19 +157,18 @@ def effects(cl: Mapping[str, Any] | None) -> list[str]:
     return out
 
 
-def _field(cl: Mapping[str, Any] | None, record: str, key: str) -> Any:
-    rec = None if cl is None else cl.get(record)
+def _field(rec: Mapping[str, Any] | None, key: str) -> Any:
     return rec.get(key) if isinstance(rec, Mapping) else None
 
 
-def mde(cl: Mapping[str, Any] | None) -> str:
+def mde(cl: ClaimResult | None) -> str:
     """The minimum detectable effect at the run's seeds (power.mde), or a dash."""
-    return _num(_field(cl, "power", "mde"))
+    return _num(None if cl is None else _field(cl.power, "mde"))
 
 
-def replication(cl: Mapping[str, Any] | None) -> str:
+def replication(cl: ClaimResult | None) -> str:
     """The probability that a rerun gives the same verdict (replication.probability), or a dash."""
-    return _num(_field(cl, "replication", "probability"))
+    return _num(None if cl is None else _field(cl.replication, "probability"))
 
 
 HEAD = ["Claim", "Level"]
@@ -199,7 +201,7 @@ def render_markdown(runs: Sequence[Run], rows: Sequence[Level], base: Path | Non
     head, body = table_rows(runs, rows)
     agree = sum(lv.agreement == AGREE for lv in rows)
     out = ["# poslens: study runs compared", ""]
-    out += [f"- **{cell(r.label)}** (`{r.name}`): {cell(c.summary(r.results))}" for r in runs]
+    out += [f"- **{cell(r.label)}** (`{r.name}`): {cell(c.summary(r.results, r.parsed))}" for r in runs]
     out += ["", f"The runs agree on {agree} of {len(rows)} claim levels' verdicts.", ""]
     out += ["| " + " | ".join(cell(x) for x in head) + " |", "|" + "---|" * len(head)]
     out += ["| " + " | ".join(cell(x) for x in row) + " |" for row in body]
@@ -236,7 +238,7 @@ def render_html(runs: Sequence[Run], rows: Sequence[Level]) -> str:
             extra = (
                 f"<br><small>MDE {h.esc(mde(cl))}; P(replicates) {h.esc(replication(cl))}</small>"
             )
-            tds.append(f"<td>{h.badge(cl.get('verdict'), verdict(cl))}{lines}{extra}</td>")
+            tds.append(f"<td>{h.badge(cl.verdict, verdict(cl))}{lines}{extra}</td>")
         tds.append(f'<td class="agreement">{h.esc(lv.agreement)}</td>')
         body.append("<tr>" + "".join(tds) + "</tr>")
     table = (
@@ -246,7 +248,7 @@ def render_html(runs: Sequence[Run], rows: Sequence[Level]) -> str:
     agree = sum(lv.agreement == AGREE for lv in rows)
     runs_list = "".join(
         f"<li><b>{h.esc(r.label)}</b> (<code>{h.esc(r.name)}</code>): "
-        f"{h.esc(c.summary(r.results))}</li>"
+        f"{h.esc(c.summary(r.results, r.parsed))}</li>"
         for r in runs
     )
     return (

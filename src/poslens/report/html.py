@@ -14,6 +14,7 @@ from typing import Any
 from urllib.parse import quote
 
 from poslens.report import common as c
+from poslens.study.result import ClaimResult
 from poslens.study.verdicts import CLAIMS_FIGURE
 
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
@@ -97,10 +98,9 @@ def _list(title: str, items: Any) -> str:
     return f"<h4>{esc(title)}</h4><ul>{body}</ul>"
 
 
-def _claims(results: Mapping[str, Any], out_dir: Path) -> str:
+def _claims(results: Mapping[str, Any], claims: Sequence[ClaimResult], out_dir: Path) -> str:
     """The Claims section: the claims at a glance, a table of verdicts (two levels per claim),
     then each level's evidence, secondary numbers, controls and caveats."""
-    claims = results.get("claims") or []
     out = ['<section id="claims"><h2>Claims</h2>']
     if not claims:
         out.append("<p>No claims were evaluated in this study.</p></section>")
@@ -110,22 +110,22 @@ def _claims(results: Mapping[str, Any], out_dir: Path) -> str:
         out.append('<div class="figures">' + "".join(figure(out_dir, f) for f in glance) + "</div>")
     out.append('<table class="claims"><thead><tr>'
                + "".join(f"<th>{esc(h)}</th>" for h in c.CLAIMS_HEAD) + "</tr></thead><tbody>")  # fmt: skip
-    for i, (cl, cells) in enumerate(c.claim_rows(results)):
-        anchor = f"claim-{c.slug(cl.get('id', i))}"
+    for cl, cells in c.claim_rows(claims):
+        anchor = f"claim-{c.slug(cl.id)}"
         title, level, _, ref, summary, measured, power = cells
         out.append(
             f'<tr><td>{esc(title)}</td><td><a href="#{esc(anchor)}">{esc(level)}</a></td>'
-            f"<td>{badge(cl.get('verdict'), c.verdict_label(cl))}</td><td>{esc(ref)}</td>"
+            f"<td>{badge(cl.verdict, c.verdict_label(cl))}</td><td>{esc(ref)}</td>"
             f"<td>{esc(summary)}</td><td>{esc(measured)}</td><td>{esc(power)}</td></tr>"
         )
     out.append("</tbody></table>")
-    for i, cl in enumerate(claims):
-        anchor = f"claim-{c.slug(cl.get('id', i))}"
+    for cl in claims:
+        anchor = f"claim-{c.slug(cl.id)}"
         out.append(
             f'<article class="claim" id="{esc(anchor)}">'
             f"<h3>{esc(c.claim_heading(cl))} "
-            f"{badge(cl.get('verdict'), c.verdict_label(cl))}</h3>"
-            f"<p>{esc(cl.get('summary', ''))}</p>"
+            f"{badge(cl.verdict, c.verdict_label(cl))}</h3>"
+            f"<p>{esc(cl.summary)}</p>"
             + "".join(_list(title, lines) for title, lines in c.claim_sections(cl))
             + "</article>"
         )
@@ -133,9 +133,9 @@ def _claims(results: Mapping[str, Any], out_dir: Path) -> str:
     return "".join(out)
 
 
-def _calibration(results: Mapping[str, Any]) -> str:
+def _calibration(claims: Sequence[ClaimResult]) -> str:
     """The Calibration section: each claim's rule on the control models."""
-    rows = c.calibration_rows(results)
+    rows = c.calibration_rows(claims)
     intro = (
         "<p>Each claim's rule, run on models in which its mechanism is present (positive) or "
         "absent (negative) by design, through the same pipeline. A claim's verdict counts only "
@@ -251,6 +251,7 @@ def _timings(results: Mapping[str, Any]) -> str:
 def render_html(results: Mapping[str, Any], out_dir: Path) -> str:
     """The whole report as one HTML document; figure paths are read relative to out_dir."""
     out_dir = Path(out_dir)
+    claims = c.claims_of(results)
     exps = c.experiments(results)
     other_figs = c.figures(results, None)
     nav = [("claims", "Claims"), ("calibration", "Calibration"), ("setup", "Setup")]
@@ -260,12 +261,12 @@ def render_html(results: Mapping[str, Any], out_dir: Path) -> str:
     nav.append(("timings", "Timings"))
     body = [
         "<header><h1>poslens study report</h1>",
-        f'<p class="summary">{esc(c.summary(results))}</p>',
+        f'<p class="summary">{esc(c.summary(results, claims))}</p>',
         "<nav><ul>"
         + "".join(f'<li><a href="#{esc(a)}">{esc(t)}</a></li>' for a, t in nav)
         + "</ul></nav></header>",
-        _claims(results, out_dir),
-        _calibration(results),
+        _claims(results, claims, out_dir),
+        _calibration(claims),
         _setup(results),
         *(_experiment(results, out_dir, e) for e in exps),
     ]

@@ -49,9 +49,14 @@ def model_lines(rc: Mapping[str, Any]) -> list[str]:
     return [f"{m} {effect_text(t)}" for m, t in rc["models"].items()] or ["not run"]
 
 
+def rung_verdict(rc: Mapping[str, Any]) -> str:
+    """The rung's verdict on a claim level, with its qualifier where it has one."""
+    return c.verdict_text(rc["verdict"], rc.get("qualifier"))
+
+
 def rung_cell(rc: Mapping[str, Any]) -> str:
     """One claim level on one rung: each study model's effect, the verdict, the calibration."""
-    return f"{'; '.join(model_lines(rc))} — {c.verdict_label(rc)}; {calibration_text(rc)}"
+    return f"{'; '.join(model_lines(rc))} — {rung_verdict(rc)}; {calibration_text(rc)}"
 
 
 def original_cell(cl: Mapping[str, Any]) -> str:
@@ -79,7 +84,7 @@ def _claims_html(results: Mapping[str, Any]) -> str:
         for n in names:
             rc = cl["rungs"][n]
             lines = "<br>".join(h.esc(x) for x in model_lines(rc))
-            out.append(f'<td class="num">{lines}<br>{h.badge(rc["verdict"], c.verdict_label(rc))}'
+            out.append(f'<td class="num">{lines}<br>{h.badge(rc["verdict"], rung_verdict(rc))}'
                        f'<small class="seeds">{h.esc(calibration_text(rc))}</small></td>')  # fmt: skip
         out.append(f"<td>{h.esc(original_cell(cl))}</td></tr>")
     out.append("</tbody></table>")

@@ -12,6 +12,7 @@ from typing import Any
 from urllib.parse import quote
 
 from poslens.report import common as c
+from poslens.study.result import ClaimResult
 from poslens.study.verdicts import CLAIMS_FIGURE
 
 
@@ -39,23 +40,24 @@ def _bullets(title: str, items: Any) -> list[str]:
     return [f"**{title}**", "", *(f"- {md(i)}" for i in items or [c.NONE]), ""]
 
 
-def _claims(results: Mapping[str, Any], out_dir: Path | None) -> list[str]:
+def _claims(
+    results: Mapping[str, Any], claims: Sequence[ClaimResult], out_dir: Path | None
+) -> list[str]:
     """The Claims table, then each claim's evidence, controls and caveats."""
-    claims = results.get("claims") or []
     out = ["## Claims", ""]
     if not claims:
         return [*out, "No claims were evaluated in this study.", ""]
     for f in c.figures(results, CLAIMS_FIGURE):
         out += [figure(f, out_dir), ""]
-    rows = [[*cells[:2], f"**{cells[2]}**", *cells[3:]] for _, cells in c.claim_rows(results)]
+    rows = [[*cells[:2], f"**{cells[2]}**", *cells[3:]] for _, cells in c.claim_rows(claims)]
     out += table(c.CLAIMS_HEAD, rows)
     for cl in claims:
         out += [f"### {md(c.claim_heading(cl))}: {md(c.verdict_label(cl))}", ""]
-        out += [md(cl.get("summary", "")), ""]
+        out += [md(cl.summary), ""]
         for title, lines in c.claim_sections(cl):
             out += _bullets(title, lines)
     out += ["## Calibration", ""]
-    rows = c.calibration_rows(results)
+    rows = c.calibration_rows(claims)
     out += table(c.CALIBRATION_HEAD, rows) if rows else ["No control models in this study.", ""]
     return out
 
@@ -122,8 +124,9 @@ def _experiment(results: Mapping[str, Any], exp: str, out_dir: Path | None) -> l
 
 def render_markdown(results: Mapping[str, Any], out_dir: Path | None = None) -> str:
     """The report as Markdown; with out_dir, unreadable figures get the 'figure missing' note."""
-    out = ["# poslens study report", "", md(c.summary(results)), ""]
-    out += _claims(results, out_dir)
+    claims = c.claims_of(results)
+    out = ["# poslens study report", "", md(c.summary(results, claims)), ""]
+    out += _claims(results, claims, out_dir)
     out += _setup(results)
     for exp in c.experiments(results):
         out += _experiment(results, exp, out_dir)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +14,7 @@ from poslens.experiments import windows as windows_exp
 from poslens.experiments.sae_causal import result as sae_exp
 from poslens.io import atomic_write
 from poslens.study.config import StudyConfig
+from poslens.study.result import ClaimResult
 from poslens.study.verdicts import CLAIMS_FIGURE, DESCRIPTIVE
 
 Agg = dict[str, dict[str, Any]]  # headline key -> {"mean", "se", "n", "values"}
@@ -125,17 +126,17 @@ def sae_causal(models: dict[str, Agg], site: str = "early") -> Figure | None:
 ROLE_STYLE = {"study": ("black", "o"), "positive": ("tab:green", "s"), "negative": ("tab:red", "D")}
 
 
-def claims_at_a_glance(claims: list[dict[str, Any]]) -> Figure | None:
+def claims_at_a_glance(claims: Sequence[ClaimResult]) -> Figure | None:
     """One panel per claim level: each study model's and control's effect (mean over seeds) with
     its one-sided 95% bounds (the interval the test uses), the rule's threshold (dashed) and the
     original's value on the same measure where it has one (star)."""
-    claims = [c for c in claims if c["primary"]["models"] or c["calibration"]["controls"]]
+    claims = [c for c in claims if c.primary.models or c.calibration.controls]
     if not claims:
         return None
     rows_of = []
     for c in claims:
-        rows = [(m, "study", t) for m, t in c["primary"]["models"].items()]
-        rows += [(k["model"], k["role"], k["test"]) for k in c["calibration"]["controls"]]
+        rows = [(m, "study", t) for m, t in c.primary.models.items()]
+        rows += [(k.model, k.role, k.test) for k in c.calibration.controls]
         rows_of.append(rows)
     heights = [max(1, len(r)) * 0.32 + 0.95 for r in rows_of]
     fig = Figure(figsize=(7.5, sum(heights)), layout="constrained")
@@ -144,26 +145,26 @@ def claims_at_a_glance(claims: list[dict[str, Any]]) -> Figure | None:
         y = np.arange(len(rows))[::-1]
         for yi, (_, role, t) in zip(y, rows, strict=True):
             color, marker = ROLE_STYLE[role]
-            mean = t.get("mean")
+            mean = t.mean
             if mean is None or not np.isfinite(mean):
                 ax.text(0.01, yi, "not measured", transform=ax.get_yaxis_transform(),
                         va="center", fontsize=7, color=color)  # fmt: skip
                 continue
-            lo, hi = t.get("lower"), t.get("upper")
+            lo, hi = t.lower, t.upper
             if lo is not None and hi is not None and np.isfinite(lo) and np.isfinite(hi):
                 ax.plot([lo, hi], [yi, yi], color=color, lw=2, alpha=0.7)
             ax.plot([mean], [yi], marker=marker, color=color, ms=5)
-        if c["verdict"] != DESCRIPTIVE:
-            ax.axvline(c["primary"]["threshold"], color="grey", ls="--", lw=1)
-        ref = c.get("reference") or {}
-        if ref.get("comparable") and ref.get("effect") is not None:
-            ax.axvline(ref["effect"], color="tab:orange", ls=":", lw=1.5)
-            ax.plot([ref["effect"]], [y.max() + 0.6], marker="*", color="tab:orange", ms=9,
+        if c.verdict != DESCRIPTIVE:
+            ax.axvline(c.primary.threshold, color="grey", ls="--", lw=1)
+        ref = c.reference
+        if ref.comparable and ref.effect is not None:
+            ax.axvline(ref.effect, color="tab:orange", ls=":", lw=1.5)
+            ax.plot([ref.effect], [y.max() + 0.6], marker="*", color="tab:orange", ms=9,
                     clip_on=False)  # fmt: skip
         ax.set_yticks(y, [f"{n} ({r})" if r != "study" else n for n, r, _ in rows], fontsize=7)
         ax.set_ylim(-0.7, len(rows) - 0.1)
-        verdict = c["verdict"] + (f" ({c['qualifier']})" if c.get("qualifier") else "")
-        ax.set_title(f"{c['title']}\n{c.get('level_name', c['id'])}: {verdict}", fontsize=8,
+        verdict = c.verdict + (f" ({c.qualifier})" if c.qualifier else "")
+        ax.set_title(f"{c.title}\n{c.level_name or c.id}: {verdict}", fontsize=8,
                      loc="left")  # fmt: skip
         ax.tick_params(axis="x", labelsize=7)
         ax.grid(alpha=0.3, axis="x")
@@ -191,12 +192,12 @@ def save_figure(fig: Figure, path: Path) -> None:
 
 
 def study_figures(
-    out: Path, models: dict[str, Any], cfg: StudyConfig, claims: list[dict[str, Any]] | None = None
+    out: Path, models: dict[str, Any], cfg: StudyConfig, claims: Sequence[ClaimResult] = ()
 ) -> list[dict[str, Any]]:
     """Write the study-level figures, the claims at a glance first, and list them with every
     run's own figure (seed 0 first)."""
     entries: list[dict[str, Any]] = []
-    glance = claims_at_a_glance(claims or [])
+    glance = claims_at_a_glance(claims)
     if glance is not None:
         save_figure(glance, out / "figures" / f"{CLAIMS_FIGURE}.png")
         entries.append({"title": "Claims at a glance: every level's effect per study model and "

@@ -38,6 +38,15 @@ from poslens.study.config import StudyConfig
 from poslens.study.power import MAX_SEEDS, POWER, Power, level_power
 from poslens.study.reference import reference_check
 from poslens.study.replication import VERDICT_CODES, Outcome, decide, replication
+from poslens.study.result import (
+    Calibration,
+    ClaimResult,
+    ControlRow,
+    EffectTest,
+    Measured,
+    Primary,
+    Reference,
+)
 from poslens.study.verdicts import (
     DESCRIPTIVE,
     FAILED_CALIBRATION,
@@ -105,15 +114,13 @@ class Judged:
     def detected(self) -> bool:
         return self.problem is None and self.p_holm < ALPHA
 
-    def to_dict(self) -> dict[str, Any]:
+    def result(self) -> EffectTest:
         t = self.test
-        return {
-            "n": t.n, "seeds": self.seeds, "mean": t.mean, "ci": [t.ci_low, t.ci_high],
-            "lower": t.lower, "upper": t.upper, "p": t.p, "p_holm": self.p_holm,
-            "values": list(self.effect.values), "missing": {str(s): why for s, why in
-                                                            sorted(self.effect.missing.items())},
-            "gate": self.effect.gate, "detected": self.detected,
-        }  # fmt: skip
+        return EffectTest(n=t.n, seeds=self.seeds, mean=t.mean, ci=(t.ci_low, t.ci_high),
+                          lower=t.lower, upper=t.upper, p=t.p, p_holm=self.p_holm,
+                          values=tuple(self.effect.values),
+                          missing={str(s): why for s, why in sorted(self.effect.missing.items())},
+                          gate=self.effect.gate, detected=self.detected)  # fmt: skip
 
 
 def fmt_test(j: Judged) -> str:
@@ -169,7 +176,7 @@ def _controls(rule: Rule, views: dict[str, View], study: list[Judged]) -> list[J
     return out
 
 
-def evaluate_claims(models: Models, cfg: StudyConfig | None = None) -> list[dict[str, Any]]:
+def evaluate_claims(models: Models, cfg: StudyConfig | None = None) -> list[ClaimResult]:
     """Every claim level with its primary test per study model, calibration, verdict and the
     words, in rule order (each claim's original level first)."""
     pretrained = bool(cfg is not None and cfg.pretrained)
@@ -186,38 +193,35 @@ def evaluate_claims(models: Models, cfg: StudyConfig | None = None) -> list[dict
     return out
 
 
-def _calibration(rule: Rule, controls: list[Judged]) -> dict[str, Any]:
+def _calibration(rule: Rule, controls: list[Judged]) -> Calibration:
     """The rule on each control present: measured or not (and why), detected or not, and
     whether that is the designed outcome."""
     rows = []
     for j in controls:
         measured = j.problem is None
-        rows.append({
-            "model": j.model, "role": j.role, "design": j.design, "test": j.to_dict(),
-            "detected": j.detected,
-            "enough_seeds": j.test.n >= MIN_SEEDS, "measured": measured,
-            "degenerate": j.degenerate, "not_measured": j.problem, "seeds_above_threshold":
-                sum(x > rule.threshold for x in j.test.values),
-            "as_designed": measured and j.detected == (j.role == "positive"),
-        })  # fmt: skip
-    positives = [c for c in rows if c["role"] == "positive"]
-    negatives = [c for c in rows if c["role"] == "negative"]
+        rows.append(ControlRow(
+            model=j.model, role=j.role, design=j.design, test=j.result(), detected=j.detected,
+            enough_seeds=j.test.n >= MIN_SEEDS, measured=measured, degenerate=j.degenerate,
+            not_measured=j.problem,
+            seeds_above_threshold=sum(x > rule.threshold for x in j.test.values),
+            as_designed=measured and j.detected == (j.role == "positive"),
+        ))  # fmt: skip
+    positives = [c for c in rows if c.role == "positive"]
+    negatives = [c for c in rows if c.role == "negative"]
     # a degenerate negative control (nothing there to measure) shows nothing about specificity:
     # the rule then counts as calibrated for sensitivity only, and the claim says so
-    counted = [c for c in negatives if c["measured"]]
-    degenerate = [c for c in negatives if not c["measured"] and c["degenerate"]]
-    complete = (bool(positives) and all(c["measured"] for c in positives) and bool(negatives)
+    counted = [c for c in negatives if c.measured]
+    degenerate = [c for c in negatives if not c.measured and c.degenerate]
+    complete = (bool(positives) and all(c.measured for c in positives) and bool(negatives)
                 and len(counted) + len(degenerate) == len(negatives))  # fmt: skip
-    return {
-        "controls": rows,
-        "sensitivity": sum(c["detected"] for c in positives) / len(positives)
-        if positives
-        else None,
-        "specificity": sum(not c["detected"] for c in counted) / len(counted) if counted else None,
-        "complete": complete,
-        "sensitivity_only": complete and not counted,
-        "passed": complete and all(c["as_designed"] for c in [*positives, *counted]),
-    }
+    return Calibration(
+        controls=tuple(rows),
+        sensitivity=sum(c.detected for c in positives) / len(positives) if positives else None,
+        specificity=sum(not c.detected for c in counted) / len(counted) if counted else None,
+        complete=complete,
+        sensitivity_only=complete and not counted,
+        passed=complete and all(c.as_designed for c in [*positives, *counted]),
+    )
 
 
 def _cal_line(j: Judged) -> str:
@@ -352,10 +356,9 @@ def _claim(
     controls: list[Judged],
     pretrained: bool,
     views: dict[str, View],
-) -> dict[str, Any]:
+) -> ClaimResult:
     cal = _calibration(rule, controls)
-    measured = {j.model: {"measured": j.test.n, "seeds": j.seeds,
-                          "missing": j.effect.reasons() or None, "gate": j.effect.gate}
+    measured = {j.model: Measured(j.test.n, j.seeds, j.effect.reasons() or None, j.effect.gate)
                 for j in study}  # fmt: skip
     evidence = [
         f"{j.model}: {rule.effect_name}: {fmt_test(j)}"
@@ -365,10 +368,10 @@ def _claim(
     described = [views[j.model] for j in study]
     scale = "; ".join(scale_text(v) for v in described) or "no model"
     caveats = [rule.by_construction] + ([PRETRAINED_CAVEAT] if pretrained else [])
-    if pretrained and not cal["complete"] and rule.in_situ_gap:  # whatever the verdict says first
+    if pretrained and not cal.complete and rule.in_situ_gap:  # whatever the verdict says first
         caveats.append(f"Not calibrated on the studied model: {rule.in_situ_gap}.")
-    if cal["sensitivity_only"]:
-        names = [c["model"] for c in cal["controls"] if c["role"] == "negative"]
+    if cal.sensitivity_only:
+        names = [c.model for c in cal.controls if c.role == "negative"]
         caveats.append(
             f"Calibrated for sensitivity only: the negative control ({', '.join(names)}) is "
             "degenerate (nothing there to measure by construction), so no model showed that the "
@@ -387,9 +390,9 @@ def _claim(
             f"{j.model} {fmt_values(list(j.effect.values))}" for j in study) + "."  # fmt: skip
     elif problems:
         verdict, summary = INCONCLUSIVE, "Not enough measured: " + "; ".join(problems) + "."
-    elif not cal["complete"]:
-        missing = [c["not_measured"] for c in cal["controls"]
-                   if not c["measured"] and not (c["role"] == "negative" and c["degenerate"])]  # fmt: skip
+    elif not cal.complete:
+        missing = [c.not_measured for c in cal.controls
+                   if not c.measured and not (c.role == "negative" and c.degenerate)]  # fmt: skip
         verdict = INCONCLUSIVE
         summary = (
             "The rule was not calibrated in this study: it needs a measured positive and negative "
@@ -419,36 +422,32 @@ def _claim(
                        + summary)  # fmt: skip
             verdict, qualifier = INCONCLUSIVE, FRAGILE
     summary += f" Describes {scale}."
-    return {
-        "id": rule.id,
-        "claim": rule.claim,
-        "level": rule.level,
-        "level_name": LEVELS[rule.level],
-        "title": rule.title,
-        "statement": rule.statement,
-        "verdict": verdict,
-        "qualifier": qualifier,
-        "summary": summary,
-        "scale": {v.model: v.scale for v in described},
-        "evidence": evidence,
-        "notes": _notes(rule, described),
-        "controls": [_cal_line(j) for j in controls],
-        "caveats": caveats,
-        "models": [j.model for j in study],
-        "seeds": min((j.test.n for j in study), default=0),
-        "measured": measured,
-        "threshold_source": rule.threshold_source,
-        "power": None if power is None else power.to_dict(),
-        "replication": None if replicates is None else replicates.to_dict(),
-        "primary": {
-            "effect": rule.effect_name,
-            "threshold": rule.threshold,
-            "models": {j.model: j.to_dict() for j in study},
-        },
-        "calibration": cal,
-        "would_change": rule.would_change,
-        "reference": reference_check(rule),
-    }
+    return ClaimResult(
+        id=rule.id,
+        claim=rule.claim,
+        level=rule.level,
+        level_name=LEVELS[rule.level],
+        title=rule.title,
+        statement=rule.statement,
+        verdict=verdict,
+        qualifier=qualifier,
+        summary=summary,
+        scale={v.model: v.scale for v in described},
+        evidence=tuple(evidence),
+        notes=tuple(_notes(rule, described)),
+        controls=tuple(_cal_line(j) for j in controls),
+        caveats=tuple(caveats),
+        models=tuple(j.model for j in study),
+        seeds=min((j.test.n for j in study), default=0),
+        measured=measured,
+        threshold_source=rule.threshold_source,
+        power=None if power is None else power.to_dict(),
+        replication=None if replicates is None else replicates.to_dict(),
+        primary=Primary(rule.effect_name, rule.threshold, {j.model: j.result() for j in study}),
+        calibration=cal,
+        would_change=rule.would_change,
+        reference=Reference.from_dict(reference_check(rule), "reference"),
+    )
 
 
 __all__ = ["ALPHA", "DESCRIPTIVE", "FAILED_CALIBRATION", "FRAGILE", "INCONCLUSIVE", "MIN_SEEDS", "NOT_SUPPORTED", "NO_POWER",

@@ -42,6 +42,7 @@ from poslens.report.ladder import SCHEMA
 from poslens.study.config import StudyConfig, preset
 from poslens.study.ladder_figures import AXES, ladder_figures
 from poslens.study.plan import experiment_configs, run_config
+from poslens.study.result import ClaimResult, EffectTest, claims_of
 from poslens.study.run import environment, run_study
 from poslens.study.slurm import SlurmOptions
 from poslens.study.verdicts import DESCRIPTIVE
@@ -290,31 +291,37 @@ def rowcol_chance(grid: int) -> float:
     return 2 / (grid + 1)
 
 
-def _test_summary(t: dict[str, Any]) -> dict[str, Any]:
+def _test_summary(t: EffectTest) -> dict[str, Any]:
     keep = ("n", "seeds", "mean", "ci", "lower", "upper", "p_holm", "values", "detected")
-    return {k: t.get(k) for k in keep}
+    d = t.to_dict()
+    return {k: d.get(k) for k in keep}
 
 
-def _rung_claim(cl: dict[str, Any]) -> dict[str, Any]:
+def _rung_claim(cl: ClaimResult) -> dict[str, Any]:
     """One claim level on one rung: its verdict, the study models' tests and the controls'."""
-    cal = cl["calibration"]
+    cal = cl.calibration
     return {
-        "verdict": cl["verdict"],
-        "qualifier": cl.get("qualifier"),
-        "summary": cl["summary"],
-        "threshold": cl["primary"]["threshold"],
-        "models": {m: _test_summary(t) for m, t in cl["primary"]["models"].items()},
+        "verdict": cl.verdict,
+        "qualifier": cl.qualifier,
+        "summary": cl.summary,
+        "threshold": cl.primary.threshold,
+        "models": {m: _test_summary(t) for m, t in cl.primary.models.items()},
         "controls": [
             {
-                "model": k["model"],
-                "role": k["role"],
-                "as_designed": k["as_designed"],
-                "measured": k["measured"],
-                **_test_summary(k["test"]),
+                "model": k.model,
+                "role": k.role,
+                "as_designed": k.as_designed,
+                "measured": k.measured,
+                **_test_summary(k.test),
             }
-            for k in cal["controls"]
+            for k in cal.controls
         ],
-        "calibration": {k: cal[k] for k in ("complete", "passed", "sensitivity", "specificity")},
+        "calibration": {
+            "complete": cal.complete,
+            "passed": cal.passed,
+            "sensitivity": cal.sensitivity,
+            "specificity": cal.specificity,
+        },
     }
 
 
@@ -353,18 +360,17 @@ def ladder_results(cfg: LadderConfig, rung_results: dict[str, dict[str, Any]]) -
             "claims": r["claims"],
         })  # fmt: skip
     claims = []
-    first = rung_results[cfg.rungs[0].name]["claims"]
+    judged = {r.name: claims_of(rung_results[r.name]) for r in cfg.rungs}
+    first = judged[cfg.rungs[0].name]
     for r in cfg.rungs:  # the rules are the same on every rung, in the same order
-        assert [(c["id"], c["level"]) for c in rung_results[r.name]["claims"]] == [
-            (c["id"], c["level"]) for c in first
-        ]
+        assert [(c.id, c.level) for c in judged[r.name]] == [(c.id, c.level) for c in first]
     for j, cl in enumerate(first):
         claims.append({
-            "id": cl["id"], "claim": cl["claim"], "level": cl["level"],
-            "level_name": cl["level_name"], "title": cl["title"],
-            "effect": cl["primary"]["effect"], "descriptive": cl["verdict"] == DESCRIPTIVE,
-            "reference": cl.get("reference"),
-            "rungs": {r.name: _rung_claim(rung_results[r.name]["claims"][j]) for r in cfg.rungs},
+            "id": cl.id, "claim": cl.claim, "level": cl.level,
+            "level_name": cl.level_name, "title": cl.title,
+            "effect": cl.primary.effect, "descriptive": cl.verdict == DESCRIPTIVE,
+            "reference": cl.reference.to_dict(),
+            "rungs": {r.name: _rung_claim(judged[r.name][j]) for r in cfg.rungs},
         })  # fmt: skip
     predictions = []
     for pid, label, model, key in PREDICTIONS:

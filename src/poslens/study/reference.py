@@ -10,13 +10,10 @@ from typing import Any
 
 from poslens.study.claims import RULES, Rule
 from poslens.study.claims.base import NOT_TESTED
-from poslens.study.verdicts import NOT_SUPPORTED, SUPPORTED
+from poslens.study.verdicts import NOT_COMPARABLE, NOT_SUPPORTED, SUPPORTED
 
 # The original's verdict on every claim was "supported".
 ORIGINAL = SUPPORTED
-
-
-NOT_COMPARABLE = "not comparable"
 
 
 CHECKS = {r.id: r.reference for r in RULES if r.reference is not None}

@@ -92,6 +92,7 @@ def _run(plan: Plan, executor: Executor, progress: bool) -> dict[str, Any]:
     }
     from poslens.study.figures import study_figures
 
+    claims = evaluate_claims(models, cfg)
     results: dict[str, Any] = {
         "schema": SCHEMA,
         "poslens_version": __version__,
@@ -99,7 +100,7 @@ def _run(plan: Plan, executor: Executor, progress: bool) -> dict[str, Any]:
         "config": results_config(cfg, device),
         "environment": environment(plan.threads or torch.get_num_threads(), plan.jobs, executor),
         "models": models,
-        "claims": (claims := evaluate_claims(models, cfg)),
+        "claims": [c.to_dict() for c in claims],
         "figures": study_figures(out, models, cfg, claims),
         "timings": {
             "total_seconds": round(time.perf_counter() - start, 1),

@@ -9,6 +9,8 @@ FAILED_CALIBRATION = "instrument failed calibration"
 # a descriptive level reports its effect with an interval and makes no claim
 DESCRIPTIVE = "descriptive"
 VERDICTS = (SUPPORTED, NOT_SUPPORTED, INCONCLUSIVE, FAILED_CALIBRATION, DESCRIPTIVE)
+# the reference check's rule verdict where the original's published numbers cannot meet a rule
+NOT_COMPARABLE = "not comparable"
 
 CLAIMS_FIGURE = "claims"
 
@@ -17,6 +19,7 @@ __all__ = [
     "DESCRIPTIVE",
     "FAILED_CALIBRATION",
     "INCONCLUSIVE",
+    "NOT_COMPARABLE",
     "NOT_SUPPORTED",
     "SUPPORTED",
     "VERDICTS",
