@@ -1,7 +1,6 @@
 """The one Vision Transformer of poslens, instrumented with hook points.
 
-Reads top to bottom: LayerNorm with a hook (and NoNorm, its place where a model has none),
-Attention, Mlp and SwiGLU, Block, ViT. Tensor layouts:
+Reads top to bottom: Attention, Block, ViT (the norms and MLPs they use are in models/layers.py). Tensor layouts:
 tokens [B, T, D] with T = num_prefix + gh*gw (CLS, registers, then patches row-major);
 per-head tensors q, k, v, z [B, H, T, dh]; scores/pattern [B, H, T, T]; rotary table
 [2, H, T, P] (cos, sin) with P = dh / 2 planes.
@@ -22,6 +21,7 @@ from poslens.models import hooks
 from poslens.models.attention import softmax_attention
 from poslens.models.config import ModelConfig
 from poslens.models.hooks import HookedModule, HookPoint
+from poslens.models.layers import LayerNorm, NoNorm, build_mlp, norm_or_none
 from poslens.models.posenc import (
     Rotary,
     channel_tables,
@@ -31,33 +31,6 @@ from poslens.models.posenc import (
     sincos_2d,
     token_major_tables,
 )
-
-
-class LayerNorm(nn.LayerNorm):
-    """LayerNorm whose output is exposed as `hook_normalized`."""
-
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__(dim, eps=eps)
-        self.hook_normalized = HookPoint()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.hook_normalized(super().forward(x))
-
-
-class NoNorm(nn.Module):
-    """The place of a norm a model does not have (no final norm): its input, as `hook_normalized`."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.hook_normalized = HookPoint()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.hook_normalized(x)
-
-
-def norm_or_none(on: bool, dim: int, eps: float) -> LayerNorm | None:
-    """A LayerNorm where a config field switches one on, else None."""
-    return LayerNorm(dim, eps) if on else None
 
 
 class Attention(nn.Module):
@@ -153,58 +126,6 @@ class Attention(nn.Module):
         if self.rope_layout is None:
             return []
         return [self.hook_q, self.hook_k, self.hook_rotary, self.hook_rot_q, self.hook_rot_k]
-
-
-class QuickGELU(nn.Module):
-    """x * sigmoid(1.702 x): OpenAI CLIP's approximation of GELU."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * torch.sigmoid(1.702 * x)
-
-
-ACTIVATIONS = {"gelu": lambda: nn.GELU(), "gelu_tanh": lambda: nn.GELU(approximate="tanh"),
-               "quick_gelu": QuickGELU}  # fmt: skip
-
-
-class Mlp(nn.Module):
-    """Two-layer MLP (GELU by default); sub_norm: a LayerNorm on the hidden layer before fc2."""
-
-    def __init__(
-        self, dim: int, hidden: int, act: str = "gelu", sub_norm: bool = False, eps: float = 1e-6
-    ) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(dim, hidden)
-        self.act = ACTIVATIONS[act]()
-        self.norm = norm_or_none(sub_norm, hidden, eps)
-        self.fc2 = nn.Linear(hidden, dim)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.act(self.fc1(x))
-        return self.fc2(x if self.norm is None else self.norm(x))
-
-
-class SwiGLU(nn.Module):
-    """Gated MLP of EVA-02 (timm's SwiGLU): fc2(silu(fc1_g x) * fc1_x x), sub_norm as in Mlp."""
-
-    def __init__(self, dim: int, hidden: int, sub_norm: bool = False, eps: float = 1e-6) -> None:
-        super().__init__()
-        self.fc1_g = nn.Linear(dim, hidden)
-        self.fc1_x = nn.Linear(dim, hidden)
-        self.act = nn.SiLU()
-        self.norm = norm_or_none(sub_norm, hidden, eps)
-        self.fc2 = nn.Linear(hidden, dim)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.act(self.fc1_g(x)) * self.fc1_x(x)
-        return self.fc2(x if self.norm is None else self.norm(x))
-
-
-def build_mlp(cfg: ModelConfig) -> Mlp | SwiGLU:
-    """The MLP of a block as the config describes it (model.mlp, mlp_act, mlp_sub_norm)."""
-    hidden = int(cfg.dim * cfg.mlp_ratio)
-    if cfg.mlp == "swiglu":
-        return SwiGLU(cfg.dim, hidden, cfg.mlp_sub_norm, cfg.norm_eps)
-    return Mlp(cfg.dim, hidden, cfg.mlp_act, cfg.mlp_sub_norm, cfg.norm_eps)
 
 
 class Block(nn.Module):
@@ -509,4 +430,4 @@ def build_model(cfg: ModelConfig, seed: int | None = None) -> ViT:
     return model
 
 
-__all__ = ["Attention", "Block", "LayerNorm", "Mlp", "NoNorm", "SwiGLU", "ViT", "build_model"]
+__all__ = ["Attention", "Block", "ViT", "build_model"]
