@@ -72,7 +72,8 @@ def test_a_failing_seed_is_retried_from_reserve_seeds_and_reported(
     assert "ape seed 0 failed the gate in every attempt, seed 2000 kept (tried 0, 1000, 2000)" in (
         report
     )
-    assert "ape seed 0" in (out / "report.html").read_text()
+    html = (out / "report.html").read_text()
+    assert "<h4>Accuracy gate</h4><ul><li>ape seed 0 failed the gate in every attempt" in html
 
 
 def test_a_passing_seed_is_untouched(gated: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
@@ -149,6 +150,14 @@ def test_gate_retries_is_validated_and_set_by_the_presets(tmp_path: Path, capsys
     assert preset("default", pretrained=("timm:vit_small_patch16_224=hub",),
                   images="x").gate_retries == 0  # fmt: skip
     assert StudyConfig().gate_retries == 0
+    from poslens.study.ladder import ladder_preset
+
+    ladder = ladder_preset("g6")
+    assert ladder.study_config(ladder.rungs[0]).gate_retries == 2  # the default preset's
+    ladder = ladder_preset("g6", changes={"gate_retries": 0})
+    assert ladder.study_config(ladder.rungs[0]).gate_retries == 0
+    with pytest.raises(ConfigError, match="ladder rung g6: study.gate_retries"):
+        ladder_preset("g6", changes={"gate_retries": 99})
     out = tmp_path / "cli"
     assert main(["study", "--preset", "quick", "--gate-retries", "-1", "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip()
