@@ -260,6 +260,14 @@ def build_parser(prog: str = "poslens") -> argparse.ArgumentParser:
         "remove each mechanism); a pretrained study then has no controls",
     )
     sy.add_argument(
+        "--gate-retries",
+        type=int,
+        metavar="N",
+        help="the accuracy gate: retrain a seed whose training never reached train.stop_acc from "
+        "reserve seeds (seed + 1000, + 2000, ...) up to N times, reported as such; 0: off "
+        "(default: 2 for default and paper, 0 for quick and --pretrained)",
+    )
+    sy.add_argument(
         "--rebuild-finetune",
         type=int,
         default=0,

@@ -47,6 +47,8 @@ def cmd_study(args: argparse.Namespace) -> int:
     changes: dict[str, object] = {} if args.precision is None else {"precision": args.precision}
     if args.no_in_situ:
         changes["in_situ"] = False
+    if args.gate_retries is not None:
+        changes["gate_retries"] = args.gate_retries
     if args.rebuild_finetune:
         if not args.pretrained:
             raise UserError(
@@ -104,6 +106,8 @@ def _ladder(args: argparse.Namespace) -> int:
             "the relation task"
         )
     changes: dict[str, object] = {} if args.precision is None else {"precision": args.precision}
+    if args.gate_retries is not None:
+        changes["gate_retries"] = args.gate_retries
     kw: dict[str, object] = {"in_situ": not args.no_in_situ, "changes": changes}
     if args.models is not None:
         kw["models"] = tuple(m.strip() for m in args.models.split(",") if m.strip())

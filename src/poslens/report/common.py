@@ -335,6 +335,29 @@ def training_table(results: Mapping[str, Any]) -> tuple[list[str], list[list[str
     return head, rows
 
 
+GATE_HEADING = "Accuracy gate"
+
+
+def gate_lines(results: Mapping[str, Any]) -> list[str]:
+    """One line per study seed retrained at the accuracy gate (study/gate.py): the seeds tried,
+    the one kept and why the others failed (a model's in-situ controls share its slots and are
+    not repeated)."""
+    lines = []
+    for name in models(results):
+        m = (results.get("models") or {}).get(name) or {}
+        if m.get("in_situ"):
+            continue
+        for run in m.get("runs") or []:
+            g = run.get("gate")
+            if not g:
+                continue
+            tried = ", ".join(str(s) for s in g.get("tried") or [])
+            kept = (f"retrained as seed {run.get('seed')}" if g.get("passed") else
+                    f"failed the gate in every attempt, seed {run.get('seed')} kept")  # fmt: skip
+            lines.append(f"{name} seed {g.get('slot')} {kept} (tried {tried}): {g.get('why')}")
+    return lines
+
+
 TIMING_COLUMNS = ("Stage", "Model", "Seed", "Seconds", "Reused")
 
 

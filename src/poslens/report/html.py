@@ -165,8 +165,17 @@ def _setup(results: Mapping[str, Any]) -> str:
         + _kv_table(c.kv_rows(results.get("environment")))
         + f"<h3>{c.runs_heading(results)}</h3>"
         + train
+        + _gate(results)
         + "</section>"
     )
+
+
+def _gate(results: Mapping[str, Any]) -> str:
+    """The seeds retrained at the accuracy gate, one line each (nothing when none was)."""
+    lines = c.gate_lines(results)
+    if not lines:
+        return ""
+    return f"<h4>{c.GATE_HEADING}</h4><ul>" + "".join(f"<li>{esc(x)}</li>" for x in lines) + "</ul>"
 
 
 def figure(out_dir: Path, fig: Mapping[str, Any]) -> str:

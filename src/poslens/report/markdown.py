@@ -71,6 +71,9 @@ def _setup(results: Mapping[str, Any]) -> list[str]:
     out += [f"### {c.runs_heading(results)}", ""]
     head, rows = c.training_table(results)
     out += table(head, rows) if rows else ["No training runs recorded.", ""]
+    gate = c.gate_lines(results)  # the seeds retrained at the accuracy gate
+    if gate:
+        out += [f"**{c.GATE_HEADING}**", "", *(f"- {md(x)}" for x in gate), ""]
     return out
 
 

@@ -19,6 +19,8 @@ PRESETS = ("quick", "default", "paper")
 
 # Experiments whose claims the report states; the rest run in the paper preset.
 TASK_PREFIX = "task:"  # study.images naming a poslens checkpoint's task instead of an image folder
+# The accuracy gate's retries at most: reserve seeds slot + 1000 * attempt stay below 1000 * 10
+MAX_GATE_RETRIES = 9
 CORE = ("depth_profile", "position_removal", "axis_map", "windows", "heads", "sae_causal")
 
 
@@ -81,6 +83,9 @@ class StudyConfig:
     finetune_steps: int = 0
     finetune_lr: float = 1e-4
     finetune_batch: int = 32
+    # The accuracy gate (study/gate.py): a trained seed that never reached its train.stop_acc is
+    # retrained from reserve seeds (slot + 1000 * attempt), up to gate_retries times (0: off)
+    gate_retries: int = 0
 
     @property
     def seed_list(self) -> tuple[int, ...]:
@@ -146,6 +151,16 @@ class StudyConfig:
         if not (isinstance(self.finetune_lr, int | float) and self.finetune_lr > 0):
             raise ConfigError(f"study.finetune_lr must be positive, got {self.finetune_lr!r}")
         positive_int("study.finetune_batch", self.finetune_batch)
+        if (
+            not isinstance(self.gate_retries, int)
+            or isinstance(self.gate_retries, bool)
+            or not 0 <= self.gate_retries <= MAX_GATE_RETRIES
+        ):
+            raise ConfigError(f"study.gate_retries must be a whole number from 0 to "
+                              f"{MAX_GATE_RETRIES}, got {self.gate_retries!r}")  # fmt: skip
+        if self.gate_retries and self.pretrained:
+            raise ConfigError("study.gate_retries goes with trained models: a pretrained study "
+                              "trains nothing to retry")  # fmt: skip
         if self.finetune_steps and not self.pretrained:
             raise ConfigError(
                 "study.finetune_steps goes with study.pretrained: trained studies calibrate the "
@@ -275,6 +290,8 @@ def preset(name: str, **changes: Any) -> StudyConfig:
     one_of("study.preset", name, PRESETS)
     if changes.get("pretrained") and "precision" not in changes:
         changes = changes | {"precision": AUTO}
+    if changes.get("pretrained") and "gate_retries" not in changes:  # nothing trained to retry
+        changes = changes | {"gate_retries": 0}
     if name == "quick":  # CI smoke: tiny everything, verdicts inconclusive by design
         cfg = StudyConfig(
             preset="quick",
@@ -323,6 +340,7 @@ def preset(name: str, **changes: Any) -> StudyConfig:
             probe_images=100,
             batch_size=150,
             only=claims_only((*STUDY_MODELS, *CALIBRATION_MODELS), CORE),
+            gate_retries=2,
         )  # fmt: skip
     elif changes.get("pretrained"):  # the original study itself: pretrained ViT-Bs, on a GPU
         cfg = StudyConfig(
@@ -349,6 +367,7 @@ def preset(name: str, **changes: Any) -> StudyConfig:
             experiments=EXPERIMENTS,
             n_images=1000,
             probe_images=500,
+            gate_retries=2,
         )
     return replace(cfg, **changes)
 

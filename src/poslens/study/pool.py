@@ -33,28 +33,35 @@ def run_task(run: RunPlan, out: Path, device: str, threads: int, events: Events)
 
 
 def model_task(
-    runs: list[RunPlan], out: Path, device: str, threads: int, events: Events
+    runs: list[RunPlan], out: Path, device: str, threads: int, retries: int, events: Events
 ) -> dict[tuple[str, int], RunResult]:
-    """One trained model as an executor task: its seeds trained as one ensemble, then each
-    seed's experiments, then its in-situ controls' (which read the same checkpoints); a run's
-    training timing is its share of the ensemble's. One process per model, so the experiments
-    start as soon as their model is trained. Results by (model, seed)."""
+    """One trained model as an executor task: its seeds trained as one ensemble, each seed that
+    fails the accuracy gate retrained from reserve seeds up to `retries` times (study/gate.py),
+    then each seed's experiments, then its in-situ controls' (which read the same checkpoints);
+    a run's training timing is its share of the ensembles'. One process per model, so the
+    experiments start as soon as their model is trained. Results by (model, slot seed)."""
     import torch
 
     from poslens.limits import check_device, resolve_device
+    from poslens.study.gate import gated
 
     device = resolve_device(device)
     check_device(device)
     if threads:
         torch.set_num_threads(threads)
-    trained = train_group([r for r in runs if not r.edit], device, events)
+    base = [r for r in runs if not r.edit]
+    slots = gated(base, train_group(base, device, events), retries, out, device, events)
     results = {}
     for run in runs:
-        entry, timings = run_one(run, out, device, threads, events)
-        seconds, reused = (0.0, True) if run.edit else trained[run.seed]
+        slot = slots[run.seed]
+        entry, timings = run_one(slot.holding(run), out, device, threads, events)
+        seconds, reused = (0.0, True) if run.edit else (slot.seconds, slot.reused)
         for t in timings:
             if t["stage"] == "train":
                 t.update(seconds=round(seconds, 2), reused=reused)
+        record = slot.record()
+        if record is not None:  # the seed this slot's checkpoint was trained with
+            entry |= {"seed": slot.trained_seed, "gate": record}
         results[run.model, run.seed] = (entry, timings)
     return results
 
@@ -155,7 +162,7 @@ def execute(plan: Plan, executor: Executor, progress: bool) -> dict[tuple[str, i
         runs = groups[model]
         if runs[0].run_config is not None:
             key = f"{model} seeds {runs[0].seed}-{runs[-1].seed}"
-            tasks[key] = Task(key, model_task, (runs, *args))
+            tasks[key] = Task(key, model_task, (runs, *args, plan.cfg.gate_retries))
     # pretrained runs, the costliest first: the last tasks running alone are the short ones
     for r in sorted((r for r in plan.runs if r.run_config is None), key=lambda r: -_cost(r)):
         key = f"{r.model} seed {r.seed}"
