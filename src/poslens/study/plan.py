@@ -15,8 +15,10 @@ from pathlib import Path
 from poslens.checkpoint import CONFIG
 from poslens.errors import CheckpointError, ConfigError, DataError, UserError
 from poslens.experiments.config import ExperimentConfig
+from poslens.experiments.position_removal import KINDS
 from poslens.experiments.registry import configs, get
 from poslens.interventions import in_situ
+from poslens.study.claims import RULES
 from poslens.study.claims.base import Needs, union
 from poslens.study.config import TASK_PREFIX, Pretrained, StudyConfig, config_hash
 from poslens.training.config import RunConfig, apply_overrides, preset
@@ -209,8 +211,6 @@ def in_situ_needs(cfg: StudyConfig, run: RunPlan) -> dict[str, Needs]:
     judging it (claims.Needs), narrowed to the study's experiments. A rule judges a trained model
     that is one of its study models, where the edit applies to its config; it judges a
     pretrained model always, the edit's fit checked when the weights are loaded."""
-    from poslens.study.claims import RULES  # the rules read the experiments, not the plan
-
     if not cfg.in_situ:
         return {}
     judging: dict[str, list[Needs]] = {}
@@ -237,8 +237,6 @@ def in_situ_needs(cfg: StudyConfig, run: RunPlan) -> dict[str, Needs]:
 def narrowed(config: ExperimentConfig, kind: str, needs: Needs) -> ExperimentConfig:
     """An experiment's config for an in-situ control: only the passes (and of position_removal
     only the condition kinds) its rules need; rpi_probes only narrows the study's own choice."""
-    from poslens.experiments.position_removal import KINDS
-
     p = needs.passes
     if kind == "position_removal":
         kinds = tuple(k for k in KINDS if k in needs.removal)
