@@ -20,6 +20,8 @@ from poslens.interventions import in_situ
 from poslens.models.vit import ViT
 from poslens.study.aggregate import aggregate
 from poslens.study.claims import RULES, View
+from poslens.study.claims.base import Needs
+from poslens.study.plan import narrowed
 from poslens.study.verdicts import VERDICTS
 from tests.conftest import tiny
 
@@ -42,28 +44,19 @@ def models() -> dict[str, ViT]:
     }
 
 
-def measured_views(
-    folder: Path,
-    kinds: tuple[str, ...] | None = None,
-    rpi: bool = True,
-    probes: bool = True,
-    rpi_probes: bool = True,
-) -> dict[str, View]:
-    """Each test model's rules' experiments run and aggregated as the study does; `kinds`:
-    position_removal narrowed to those condition kinds, its conditions' RPI pass only with
-    `rpi`, probed only with `probes`, and every experiment probed under RPI only with
-    `rpi_probes` (as for an in-situ control)."""
+def measured_views(folder: Path, needs: Needs | None = None) -> dict[str, View]:
+    """Each test model's rules' experiments run and aggregated as the study does; `needs`: the
+    experiments it reads narrowed to it as the plan narrows an in-situ control's
+    (study.plan.narrowed: position_removal's condition kinds and passes, rpi_probes)."""
     task = build_task(DATA)
     out = {}
     for key, model in models().items():
         rules = [r for r in RULES if r.applies_to(model.cfg.family)]
         names = list(dict.fromkeys(e for rule in rules for e in rule.reads))
         settings = {n: dict(SETTINGS.get(n, {})) for n in names}
-        if kinds is not None and "position_removal" in settings:
-            settings["position_removal"] |= {"kinds": kinds, "rpi": rpi, "probes": probes}
-        for n in names:
-            settings[n]["rpi_probes"] = rpi_probes
         cfgs = {n: registry.get(n).Config(**SIZES, **settings[n]) for n in names}
+        if needs is not None:
+            cfgs |= {n: narrowed(cfgs[n], n, needs) for n in names if n in needs.reads}
         records = analyze(model, task, names, list(cfgs.values()), folder / key, formats=())
         runs = [{"experiments": {n: r for n, r in records.items() if "skipped" not in r}}]
         entry = {"posenc": model.cfg.posenc, "aggregate": aggregate(runs, names), "runs": runs}
@@ -155,23 +148,21 @@ def test_precision_names_are_the_schemas() -> None:
 def test_an_in_situ_controls_narrowed_experiments_have_every_key_its_rules_read(
     rule, tmp_path: Path, views: dict[str, View]
 ) -> None:
-    """An in-situ control runs only the position_removal kinds of the rules judging it
-    (Rule.removal), their RPI pass only where the rule reads it (Rule.removal_rpi), probed only
-    where it reads a probe (Rule.removal_probes), and nothing probed under RPI where it reads no
-    RPI number (Rule.rpi): with exactly this rule's narrowing, its effect and notes find every
-    key, with the full run's values."""
+    """An in-situ control runs only what the rules judging it need (Rule.needs): of
+    position_removal only their condition kinds, its conditions' RPI pass only where one reads
+    it, probed only where one reads a probe, and nothing probed under RPI where none reads an
+    RPI number (Passes): with exactly this rule's needs, its effect and notes find every key,
+    with the full run's values."""
     from poslens.experiments.position_removal import KINDS
 
-    assert set(rule.removal) <= set(KINDS)
-    kinds = rule.removal if "position_removal" in rule.reads else None
-    narrowed = measured_views(tmp_path, kinds, rule.removal_rpi, rule.removal_probes,
-                              rpi_probes=rule.rpi or rule.removal_rpi)  # fmt: skip
-    for key, v in narrowed.items():
+    assert set(rule.needs.removal) <= set(KINDS)
+    assert not rule.needs.removal or "position_removal" in rule.reads
+    for key, v in measured_views(tmp_path, rule.needs).items():
         if not rule.applies_to(v.family):
             continue
         v.missing.clear()
         got = [rule.effect(v).values, *(vals for _what, vals in rule.notes(v))]
-        assert v.missing == set(), f"{rule.id} on {v.model}: narrowed to {rule.removal}"
+        assert v.missing == set(), f"{rule.id} on {v.model}: narrowed to {rule.needs}"
         full = [rule.effect(views[key]).values, *(vals for _w, vals in rule.notes(views[key]))]
         assert json.dumps(got) == json.dumps(full), f"{rule.id} on {v.model}: values moved"
 

@@ -20,6 +20,7 @@ from poslens.cli import main
 from poslens.data import DataConfig, Task, build_task
 from poslens.errors import ConfigError
 from poslens.experiments import EXPERIMENTS, get, heads
+from poslens.experiments.config import Passes
 from poslens.experiments.heads.config import window_last
 from poslens.experiments.heads.result import (
     AXIS_PREFERENCE_PERMUTED,
@@ -359,7 +360,7 @@ def test_rebuilding_without_ssdc_gives_the_same_margins_and_no_ssdc(
         assert w.compensation.mean == f.compensation.mean and math.isnan(w.ssdc_out)
     # without the RPI pass a readout's probes are the clean ones alone, the full readout's
     x, y = eval_images(noise, cfg)
-    clean = measure(planted(), x, y, cfg, probe_sites=[1], rpi_pass=False)
+    clean = measure(planted(), x, y, cfg, probe_sites=[1], passes=Passes(rpi=False))
     both = measure(planted(), x, y, cfg, probe_sites=[1])
     assert clean.probes is not None and both.probes is not None
     np.testing.assert_array_equal(clean.probes.test_acc, both.probes.test_acc)

@@ -161,7 +161,10 @@ def test_a_reference_without_rpi_probes_picks_the_same_site_and_reads_the_same_c
     cfg = pr.Config(**{**CFG.__dict__, "n_planes": (2,)})
     res = {c.rpi_probes: pr.run(model, task, c) for c in (cfg, replace(cfg, rpi_probes=False))}
     for a, b in zip(res[True].conditions, res[False].conditions, strict=True):
-        assert a.name == b.name and b.probe_fixed_rpi is None
+        # nothing probed under RPI: the conditions' RPI passes read RPI-SSDC alone
+        assert a.name == b.name and b.probe_fixed_rpi is None and b.probe_rpi is None
+        assert a.probe_rpi is not None
+        np.testing.assert_array_equal(a.ssdc_rpi, b.ssdc_rpi)
         np.testing.assert_array_equal(a.probe_fixed, b.probe_fixed)
         np.testing.assert_array_equal(
             a.retention["probe_fixed_row"], b.retention["probe_fixed_row"]

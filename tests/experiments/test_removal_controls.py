@@ -12,6 +12,7 @@ import torch
 from poslens.data import DataConfig, Task, build_task
 from poslens.errors import ConfigError
 from poslens.experiments import position_removal as pr
+from poslens.experiments.config import Passes
 from poslens.experiments.output import condition_numbers
 from poslens.interventions import axis_map
 from poslens.io import jsonable
@@ -136,7 +137,9 @@ def test_unprobed_removal_reads_the_same_accuracy_in_one_pass_per_condition(
     measure = readout.measure
 
     def counted(*a: object, **kw: object) -> readout.Readout:
-        calls.append((len(kw.get("probe_sites", ())), bool(kw.get("rpi_pass", True))))
+        passes = kw.get("passes", Passes())
+        assert isinstance(passes, Passes)
+        calls.append((len(kw.get("probe_sites", ())), passes.under_rpi))
         return measure(*a, **kw)  # type: ignore[arg-type]
 
     monkeypatch.setattr(pr, "measure", counted)

@@ -46,16 +46,16 @@ def test_each_study_model_gets_the_edits_its_rules_name(tmp_path: Path) -> None:
             assert r.checkpoint == b.checkpoint and r.model == in_situ.model_name(r.base, r.edit)
             assert r.stages[0].kind == "train" and r.stages[0].weight == 0
             assert all(s.only is None for s in r.stages[1:])
-            # of position_removal only the condition kinds its rules read (Rule.removal), no
-            # condition's RPI pass: no rule judging a control reads one (Rule.removal_rpi), and
-            # no probes where its rules read accuracy alone (Rule.removal_probes)
+            # of position_removal only the condition kinds its rules read (Needs.removal), no
+            # condition's RPI pass: no rule judging a control reads one (Passes.rpi), and
+            # no probes where its rules read accuracy alone (Passes.probes)
             removal = {(s.config.kinds, s.config.rpi, s.config.probes) for s in r.stages
                        if s.kind == "position_removal"}  # fmt: skip
             want = {"table_rowcol": ("table",), "table_cell": ("table",),
                     "heads_axis_split": ("axis", "random_axis"),
                     "freqs_oblique": ("axis", "random_axis"), "position_shuffled": ()}[r.edit]  # fmt: skip
             assert removal == {(want, False, r.edit != "position_shuffled")}
-            # nothing probed under RPI: no rule judging these edits reads an RPI number (Rule.rpi)
+            # nothing probed under RPI: no rule judging these edits reads an RPI number (Passes.rpi_probes)
             assert all(not s.config.rpi_probes for s in r.stages[1:])
         else:
             assert all(s.config.rpi_probes for s in r.stages[1:])

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from poslens._config import ANALYSIS_PRECISIONS, AUTO, from_dict, one_of, positive_int
@@ -12,6 +12,51 @@ from poslens.limits import auto_batch_size, check_count
 
 if TYPE_CHECKING:
     from poslens.models.vit import ViT
+
+
+@dataclass(frozen=True)
+class Passes:
+    """Which passes an experiment makes over the evaluation images beyond the clean pass's
+    accuracy and margins: what the numbers read from it need. Everything by default; the study
+    narrows it for an in-situ control to what the rules judging it read (study.claims.Needs), and
+    an experiment's config says which (ExperimentConfig.passes)."""
+
+    # the position probes and SSDC; False: accuracy and margins alone, one clean pass each
+    probes: bool = True
+    # each condition's second pass, under RPI: its RPI-SSDC (and its probes under RPI, where
+    # rpi_probes); the intact model always makes it (its RPI-SSDC breaks ties of the probe site)
+    rpi: bool = True
+    # probes fitted (and fixed probes read) under RPI, in those passes; False: nothing is probed
+    # under RPI and the floor makes no RPI pass
+    rpi_probes: bool = True
+
+    def __or__(self, other: Passes) -> Passes:
+        """Every pass either makes."""
+        return Passes(self.probes or other.probes, self.rpi or other.rpi,
+                      self.rpi_probes or other.rpi_probes)  # fmt: skip
+
+    @property
+    def under_rpi(self) -> bool:
+        """Whether a measurement under these passes makes its RPI pass."""
+        return self.probes and self.rpi
+
+    @property
+    def clean(self) -> Passes:
+        """The clean pass alone (no RPI pass)."""
+        return replace(self, rpi=False)
+
+    @property
+    def intact(self) -> Passes:
+        """The intact model's: its RPI pass always (where anything is probed)."""
+        return replace(self, rpi=True)
+
+    @property
+    def floor(self) -> Passes:
+        """The floor's: its RPI pass only where something is probed under RPI."""
+        return replace(self, rpi=self.rpi_probes)
+
+
+NOTHING = Passes(probes=False, rpi=False, rpi_probes=False)  # the clean pass's accuracy alone
 
 
 @dataclass(frozen=True)
@@ -31,7 +76,7 @@ class ExperimentConfig:
     ssdc_images: int = 0
     # False: nothing is probed under RPI and the floor has no RPI pass (the intact model's
     # RPI-SSDC is still measured: it breaks ties of the probe site). The study sets it for an
-    # in-situ control whose rules read no number measured under RPI (Rule.rpi).
+    # in-situ control whose rules read no number measured under RPI (Passes.rpi_probes).
     rpi_probes: bool = True
 
     def __post_init__(self) -> None:
@@ -66,6 +111,12 @@ class ExperimentConfig:
     def from_dict(cls, d: dict[str, Any]) -> ExperimentConfig:
         return from_dict(cls, d, "analysis")
 
+    @property
+    def passes(self) -> Passes:
+        """The passes this config's experiment makes (an experiment with switches of its own,
+        such as position_removal's, extends it)."""
+        return Passes(rpi_probes=self.rpi_probes)
+
 
 C = TypeVar("C", bound=ExperimentConfig)
 
@@ -88,4 +139,4 @@ def resolved(cfg: C, model: ViT) -> C:
     return dataclasses.replace(cfg, batch_size=batch, precision=precision)
 
 
-__all__ = ["ExperimentConfig", "resolved"]
+__all__ = ["NOTHING", "ExperimentConfig", "Passes", "resolved"]

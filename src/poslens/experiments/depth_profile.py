@@ -147,7 +147,8 @@ def run(
             control_model = build_model(model.cfg, seed=cfg.seed + 1)
             control_model = control_model.to(model.head.weight.device).eval()
             # its probes are reported clean only: none fitted under RPI
-            readouts[which] = measure(control_model, x, y, cfg, probe_sites=sites, rpi_probes=False)
+            readouts[which] = measure(control_model, x, y, cfg, probe_sites=sites,
+                                      passes=replace(cfg.passes, rpi_probes=False))  # fmt: skip
     base = clean = readouts["trained"]
     assert base.probes is not None
     assert clean.ssdc_clean is not None and clean.ssdc_clean_norm is not None

@@ -27,7 +27,7 @@ from poslens._config import one_of
 from poslens.data import Task
 from poslens.errors import ConfigError
 from poslens.experiments.conditions import Condition, floor_condition, planes_off, random_mask
-from poslens.experiments.config import ExperimentConfig, resolved
+from poslens.experiments.config import ExperimentConfig, Passes, resolved
 from poslens.experiments.keys import Key, keyed
 from poslens.experiments.output import (
     Experiment,
@@ -72,14 +72,14 @@ class Config(ExperimentConfig):
         8,
     )  # plane counts for the top-frequency and random conditions
     # the kinds of condition to run (KINDS); () runs the reference alone (intact and floor). The
-    # study narrows it for an in-situ control to what the rules judging it read (Rule.removal).
+    # study narrows it for an in-situ control to what the rules judging it read (Needs.removal).
     kinds: tuple[str, ...] = KINDS[:-1]  # all (RANDOM_AXIS_KIND is within "random")
     # each condition also under RPI (its RPI-SSDC and RPI probes; the reference always is). The
-    # study turns it off for an in-situ control whose rules read neither (Rule.removal_rpi).
+    # study turns it off for an in-situ control whose rules read neither (Passes.rpi).
     rpi: bool = True
     # the probes and every SSDC: False measures accuracy and margins alone, each condition, the
     # intact model and the floor in one clean pass (no probe site is chosen, rpi is moot). The
-    # study turns it off for an in-situ control whose rules read accuracy only (Rule.removal_probes).
+    # study turns it off for an in-situ control whose rules read accuracy only (Passes.probes).
     probes: bool = True
 
     def __post_init__(self) -> None:
@@ -96,6 +96,11 @@ class Config(ExperimentConfig):
                 raise ConfigError(
                     f"position_removal.{name} must be true or false, got {getattr(self, name)!r}"
                 )
+
+    @property
+    def passes(self) -> Passes:
+        """The passes of each condition (probes, RPI pass) and of the reference (rpi_probes)."""
+        return Passes(self.probes, self.rpi, self.rpi_probes)
 
 
 def applies(model: ViT) -> str | None:
@@ -328,9 +333,9 @@ def run(
         assert ref is not None
         name, cond, meta = next(c for c in conds if c[0] == step)
         if cfg.probes:
-            r = measure(model, x, y, cfg, cond, [ref.probe_site], fixed=ref.fixed, rpi_pass=cfg.rpi)
+            r = measure(model, x, y, cfg, cond, [ref.probe_site], fixed=ref.fixed, passes=cfg.passes)
         else:
-            r = measure(model, x, y, cfg, cond, rpi_pass=False)
+            r = measure(model, x, y, cfg, cond, passes=cfg.passes)
         results.append(summarise(name, r, ref.base, ref.floor, ref.probe_site, meta))
     assert ref is not None
     base = ref.base.summary()
@@ -360,8 +365,8 @@ def run(
 def unprobed(model: ViT, x: torch.Tensor, y: torch.Tensor, cfg: Config) -> Reference:
     """The intact model and the floor in one clean pass each, nothing probed (probes=false):
     accuracy and margins; the output stands in for the probe site that was not chosen."""
-    base = measure(model, x, y, cfg, rpi_pass=False)
-    floor = measure(model, x, y, cfg, floor_condition(model), rpi_pass=False)
+    base = measure(model, x, y, cfg, passes=cfg.passes)
+    floor = measure(model, x, y, cfg, floor_condition(model), passes=cfg.passes)
     return Reference(base, floor, model.cfg.depth)
 
 

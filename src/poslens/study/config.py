@@ -305,7 +305,7 @@ def preset(name: str, **changes: Any) -> StudyConfig:
                 "windows.axis_windows=false", "windows.prefix_ks=0", "windows.probe_curves=false",
                 "windows.every_suffix=false",
                 "position_removal.n_planes=4", "position_removal.draws=2",
-                # no rule reads a removal condition under RPI (Rule.removal_rpi): quick skips
+                # no rule reads a removal condition under RPI (Needs.passes.rpi): quick skips
                 # those passes (a third of a pretrained RoPE model's position_removal)
                 "position_removal.rpi=false",
                 "heads.units=head", "heads.cumulative=1", "heads.axis_windows=false",

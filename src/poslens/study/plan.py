@@ -15,8 +15,11 @@ from pathlib import Path
 from poslens.checkpoint import CONFIG
 from poslens.errors import CheckpointError, ConfigError, DataError, UserError
 from poslens.experiments.config import ExperimentConfig
+from poslens.experiments.position_removal import KINDS
 from poslens.experiments.registry import configs, get
 from poslens.interventions import in_situ
+from poslens.study.claims import RULES
+from poslens.study.claims.base import Needs, union
 from poslens.study.config import TASK_PREFIX, Pretrained, StudyConfig, config_hash
 from poslens.training.config import RunConfig, apply_overrides, preset
 from poslens.training.finetune import FineTune
@@ -203,24 +206,14 @@ def make_plan(
     return Plan(cfg, out, device, n_jobs, threads, tuple(runs))
 
 
-def _in_situ_reads(
-    cfg: StudyConfig, run: RunPlan
-) -> dict[str, tuple[tuple[str, ...], tuple[str, ...], bool, bool, bool]]:
-    """The in-situ controls a study model gets: edit -> (the experiments, the position_removal
-    kinds, whether a condition's RPI numbers, whether any probe or SSDC of position_removal,
-    whether any number under RPI) the rules judging it read. A rule judges a trained model that
-    is one of its study models, where the edit applies to its config; it judges a pretrained
-    model always, the edit's fit checked when the weights are loaded."""
-    from poslens.experiments.position_removal import KINDS
-    from poslens.study.claims import RULES  # the rules read the experiments, not the plan
-
+def in_situ_needs(cfg: StudyConfig, run: RunPlan) -> dict[str, Needs]:
+    """The in-situ controls a study model gets: edit -> the union of the needs of the rules
+    judging it (claims.Needs), narrowed to the study's experiments. A rule judges a trained model
+    that is one of its study models, where the edit applies to its config; it judges a
+    pretrained model always, the edit's fit checked when the weights are loaded."""
     if not cfg.in_situ:
         return {}
-    exps: dict[str, set[str]] = {}
-    kinds: dict[str, set[str]] = {}
-    rpi: set[str] = set()
-    probes: set[str] = set()
-    any_rpi: set[str] = set()
+    judging: dict[str, list[Needs]] = {}
     for rule in RULES:
         if run.run_config is not None and run.model not in rule.study:
             continue
@@ -231,50 +224,41 @@ def _in_situ_reads(
                 continue
             if run.run_config is not None and not in_situ.get(edit).applies(run.run_config.model):
                 continue
-            exps.setdefault(edit, set()).update(e for e in rule.reads if e in cfg.experiments)
-            if rule.rpi or rule.removal_rpi:
-                any_rpi.add(edit)
-            if "position_removal" in rule.reads:
-                kinds.setdefault(edit, set()).update(rule.removal)
-                if rule.removal_rpi:
-                    rpi.add(edit)
-                if rule.removal_probes:
-                    probes.add(edit)
-    return {
-        edit: (
-            tuple(x for x in cfg.experiments if x in e),
-            tuple(k for k in KINDS if k in kinds.get(edit, ())),
-            edit in rpi,
-            edit in probes,
-            edit in any_rpi,
-        )
-        for edit, e in exps.items()
-        if e
-    }
+            judging.setdefault(edit, []).append(rule.needs)
+    out = {}
+    for edit, needs in judging.items():
+        n = union(needs)
+        reads = tuple(x for x in cfg.experiments if x in n.reads)
+        if reads:
+            out[edit] = replace(n, reads=reads)
+    return out
+
+
+def narrowed(config: ExperimentConfig, kind: str, needs: Needs) -> ExperimentConfig:
+    """An experiment's config for an in-situ control: only the passes (and of position_removal
+    only the condition kinds) its rules need; rpi_probes only narrows the study's own choice."""
+    p = needs.passes
+    if kind == "position_removal":
+        kinds = tuple(k for k in KINDS if k in needs.removal)
+        config = replace(config, kinds=kinds, rpi=p.rpi, probes=p.probes)
+    return config if p.rpi_probes else replace(config, rpi_probes=False)
 
 
 def in_situ_runs(cfg: StudyConfig, run: RunPlan) -> list[RunPlan]:
     """`run`'s in-situ controls as runs of their own ("ape~table_rowcol"): the same checkpoint
     or weights, the edit applied on loading, only the experiments their rules read (study.only
-    does not limit them), and of position_removal only the condition kinds they read (their RPI
-    pass only where a rule reads it, probes only where one reads them; nothing probed under RPI
-    where no rule reads an RPI number). A trained
-    model's control re-reads its finished checkpoint (no training of its own)."""
+    does not limit them) with only the passes they read (`narrowed`). A trained model's control
+    re-reads its finished checkpoint (no training of its own)."""
     first = run.stages[0]
     out = []
-    for edit, (exps, kinds, rpi, probes, any_rpi) in _in_situ_reads(cfg, run).items():
+    for edit, needs in in_situ_needs(cfg, run).items():
         name = in_situ.model_name(run.model, edit)
         stages = [replace(first, model=name, weight=0.0 if first.kind == "train" else first.weight)]
-        for s in run.stages[1:]:
-            if s.kind not in exps:
-                continue
-            config = (
-                replace(s.config, kinds=kinds, rpi=rpi, probes=probes)
-                if s.kind == "position_removal"
-                else s.config
-            )
-            config = config if any_rpi else replace(config, rpi_probes=False)
-            stages.append(replace(s, model=name, only=None, config=config))
+        stages += [
+            replace(s, model=name, only=None, config=narrowed(s.config, s.kind, needs))
+            for s in run.stages[1:]
+            if s.kind in needs.reads and s.config is not None
+        ]
         windows = in_situ.get(edit).finetune
         tune = FineTune(windows, cfg.finetune_steps, cfg.finetune_lr, cfg.finetune_batch,
                         seed=run.seed) if windows else None  # fmt: skip

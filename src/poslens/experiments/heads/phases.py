@@ -15,7 +15,7 @@ import torch
 from poslens import distributed
 from poslens.data import Task
 from poslens.experiments.conditions import planes_off
-from poslens.experiments.config import resolved
+from poslens.experiments.config import Passes, resolved
 from poslens.experiments.heads.config import CARRYING_OFF, Config, window_last
 from poslens.experiments.heads.result import Heads, Rebuild, WindowControl
 from poslens.experiments.heads.units import Unit, head_mask, heads_off, units_of, window_mask
@@ -246,7 +246,7 @@ def measure_rebuilding(
                     prefixes[mask_key(head)] = prefix(model, x, cfg, planes_off(head), first)
                 resume = prefixes[mask_key(head)]
             seen[k] = measure(model, x, y, cfg, planes_off(mask), probe_sites=sites, fixed=fixed,
-                              rpi_pass=rpi_pass, resume=resume)  # fmt: skip
+                              passes=Passes(rpi=rpi_pass), resume=resume)  # fmt: skip
         out[key] = seen[k]
         advance()
     return out

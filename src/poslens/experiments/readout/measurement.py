@@ -20,7 +20,7 @@ import torch
 from poslens import distributed
 from poslens.distributed import gather, in_order, shard
 from poslens.experiments.conditions import Condition, intact
-from poslens.experiments.config import ExperimentConfig
+from poslens.experiments.config import ExperimentConfig, Passes
 from poslens.experiments.readout.sites import check_site, site_names
 from poslens.interventions import rpi
 from poslens.metrics import SSDC, correct_class_margin
@@ -34,13 +34,14 @@ from poslens.precision import autocast, full_precision
 SSDC_DTYPE = torch.float32
 
 PROBE_KINDS = ("refit", "fixed", "refit_rpi", "fixed_rpi")
+EVERY = Passes()  # every pass: clean, under RPI, probed in both
 
 
 @dataclass(frozen=True)
 class FixedProbes:
     """Probes fitted once on the intact model (clean and under RPI) at `sites`, applied unchanged
     to every condition's activations of the same images: what the model's representation lost.
-    rpi is None where the intact model was not probed under RPI (rpi_probes=False)."""
+    rpi is None where the intact model was not probed under RPI (Passes.rpi_probes False)."""
 
     sites: tuple[int, ...]
     clean: PositionProbes
@@ -100,7 +101,7 @@ class Readout:
         if self.fitted is None:
             raise ValueError(
                 "this readout fitted no probes, or had no RPI pass to fit them under (a readout "
-                "measured with rpi_probes=False gives clean fixed probes alone)"
+                "measured without Passes.rpi_probes gives clean fixed probes alone)"
             )
         return self.fitted
 
@@ -185,9 +186,8 @@ def measure(
     clean_ssdc: bool = False,
     probe_control: bool = False,
     fixed: FixedProbes | None = None,
-    rpi_pass: bool = True,
+    passes: Passes = EVERY,
     resume: Prefix | None = None,
-    rpi_probes: bool = True,
     rpi_through: int | None = None,
 ) -> Readout:
     """Evaluate `model` under `condition`: pass 1 on the images as they are (accuracy, margins,
@@ -195,12 +195,14 @@ def measure(
     features under RPI). Probes are refitted at `probe_sites`, clean and under RPI; `fixed` probes
     (the intact model's, `Reference.fixed`) are read wherever they cover a probe site.
 
-    rpi_pass=False: no second pass, for a caller that reads no RPI number: RPI-SSDC is NaN at
-    every site, probes are fitted and read clean only, and the readout cannot become fixed
-    probes (those need both). resume: the pass begins at `resume.block` from that
-    prefix (the caller's guarantee: `condition` agrees with the prefix's on the blocks before);
-    for such a clean pass only (rpi_pass=False, no clean SSDC). rpi_probes=False: the RPI pass
-    reads SSDC only, no probes are fitted under RPI (its fixed probes are then clean only).
+    passes (the caller's experiment's, config.Passes): without its RPI pass (`passes.rpi` or
+    `passes.probes` False), for a caller that reads no RPI number, RPI-SSDC is NaN at every
+    site, probes are fitted and read clean only, and the readout cannot become fixed probes
+    (those need both); without `passes.probes` nothing is probed and no SSDC read (accuracy and
+    margins alone); without `passes.rpi_probes` the RPI pass reads SSDC only, no probes are
+    fitted under RPI (its fixed probes are then clean only). resume: the pass begins at
+    `resume.block` from that prefix (the caller's guarantee: `condition` agrees with the
+    prefix's on the blocks before); for such a clean pass only (no RPI pass, no clean SSDC).
     rpi_through=s: the RPI pass stops after site s (no probe site beyond it): RPI-SSDC is NaN at
     the later sites, for a caller that reads it no further (the rest of the pass is not run).
 
@@ -211,7 +213,7 @@ def measure(
         try:
             return _measure(
                 model, images, labels, cfg, condition, probe_sites, clean_ssdc, probe_control,
-                fixed, rpi_pass, resume, rpi_probes, rpi_through,
+                fixed, passes, resume, rpi_through,
             )  # fmt: skip
         except RuntimeError as e:
             # Under torchrun the ranks would disagree on the batches: no retry there.
@@ -238,14 +240,16 @@ def _measure(
     clean_ssdc: bool = False,
     probe_control: bool = False,
     fixed: FixedProbes | None = None,
-    rpi_pass: bool = True,
+    passes: Passes = EVERY,
     resume: Prefix | None = None,
-    rpi_probes: bool = True,
     rpi_through: int | None = None,
 ) -> Readout:
     """measure() at cfg.batch_size."""
+    rpi_pass, rpi_probes = passes.under_rpi, passes.rpi_probes
     if resume is not None and (rpi_pass or clean_ssdc or resume.batch_size != cfg.batch_size):
         raise ValueError("a prefix starts clean passes without SSDC, at its own batch size")
+    if not passes.probes and (probe_sites or clean_ssdc):
+        raise ValueError("passes without probes read no probe and no SSDC")
     raw, norm = site_names(model)
     p = model.cfg.num_prefix
     dev = model.head.weight.device

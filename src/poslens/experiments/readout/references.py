@@ -111,21 +111,21 @@ def baseline(
     such call), else in a clean pass of its own (the same batches: the same numbers)."""
     key = () if cache is None else ("baseline", reference_key(model, images, labels, cfg, sites))
     with_clean = ("baseline with clean SSDC", *key[1:])
+    passes = cfg.passes.intact
     probed = lambda: measure(model, images, labels, cfg, probe_sites=sites,  # noqa: E731
-                             rpi_probes=cfg.rpi_probes)  # fmt: skip
+                             passes=passes)  # fmt: skip
     if not clean_ssdc:
         return _cached(cache, key, probed)
     if cache is not None and with_clean in cache:
         return _cached(cache, with_clean, probed)  # never measures: the key is there
     if cache is not None and key in cache:  # measured before: clean SSDC in a pass of its own
-        clean = measure(model, images, labels, cfg, clean_ssdc=True, rpi_pass=False)
+        clean = measure(model, images, labels, cfg, clean_ssdc=True, passes=passes.clean)
         return dataclasses.replace(
             _cached(cache, key, probed),
             ssdc_clean=clean.ssdc_clean,
             ssdc_clean_norm=clean.ssdc_clean_norm,
         )
-    full = measure(model, images, labels, cfg, probe_sites=sites, clean_ssdc=True,
-                   rpi_probes=cfg.rpi_probes)  # fmt: skip
+    full = measure(model, images, labels, cfg, probe_sites=sites, clean_ssdc=True, passes=passes)
     if cache is not None:  # its own copies, as _cached keeps one
         cache[key] = dataclasses.replace(copy.deepcopy(full), ssdc_clean=None, ssdc_clean_norm=None)
         cache[with_clean] = copy.deepcopy(full)
@@ -154,7 +154,7 @@ def reference(
         base = baseline(model, images, labels, cfg, sites, cache=cache)  # its ("baseline", key)
         site = cfg.probe_block if fixed else choose_probe_site(base)
         floor = measure(model, images, labels, cfg, floor_condition(model), [site],
-                        fixed=base.fixed_probes(), rpi_pass=cfg.rpi_probes)  # fmt: skip
+                        fixed=base.fixed_probes(), passes=cfg.passes.floor)  # fmt: skip
         return Reference(base, floor, site)
 
     return _cached(cache, ("reference", key), measured)

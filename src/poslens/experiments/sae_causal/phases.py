@@ -224,7 +224,7 @@ def run_site(
     results, probes = [], {}
     for name, cond, meta in track(conditions(sae, pl, codes, cfg), f"sae_causal {site}", progress):
         r = measure(model, x, y, cfg, cond, probe_sites=probe_sites, fixed=fixed,
-                    rpi_probes=cfg.rpi_probes)  # fmt: skip
+                    passes=cfg.passes)  # fmt: skip
         results.append(summarise(name, r, base, floor, idx, meta))
         probes[name] = probe_table(r, probe_sites)
     probes["intact"] = probe_table(base, probe_sites)
@@ -266,7 +266,7 @@ def run(
     check_sites(saes or {}, list(sites))
     floor_sites = sorted({site_index(model, s) for s in sites} | {model.cfg.depth})
     floor = measure(model, x, y, cfg, floor_condition(model), floor_sites,
-                    fixed=base.fixed_probes(), rpi_pass=cfg.rpi_probes)  # fmt: skip
+                    fixed=base.fixed_probes(), passes=cfg.passes.floor)  # fmt: skip
     results = [
         run_site(model, data, cfg, s, base, floor, x, y, progress, (saes or {}).get(s), roles)
         for s, roles in sites.items()

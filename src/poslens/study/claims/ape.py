@@ -17,6 +17,7 @@ from poslens.study.claims.base import (
     SHARPER,
     Control,
     Effect,
+    Needs,
     Notes,
     Reference,
     Rule,
@@ -155,7 +156,7 @@ RULES = (
         APE_TITLE,
         "zeroing the SAE's row and column latents moves the exact probe at the SAE's site toward "
         "chance beyond matched random latents",
-        (E_SAE,),
+        Needs((E_SAE,)),
         "additive",
         ape_site_effect,
         "drop toward chance of the exact probe at the SAE's site (fitted on intact activations) "
@@ -187,7 +188,7 @@ RULES = (
         APE_TITLE,
         "the model downstream loses accuracy when the row and column latents go, beyond matched "
         "random latents",
-        (E_SAE, "position_removal"),
+        Needs((E_SAE, "position_removal"), removal=(position_removal.TABLE_KIND,)),
         "additive",
         ape_downstream_effect,
         "accuracy lost when the row and column latents are zeroed (+error), beyond matched random "
@@ -211,7 +212,6 @@ RULES = (
         by_construction="The +error splice moves only the edited latents, so the SAE's own "
         "reconstruction error is not part of the effect; its cost is reported beside it.",
         notes=ape_downstream_notes,
-        removal=(position_removal.TABLE_KIND,),
         reference=_ape_downstream,
     ),
 )

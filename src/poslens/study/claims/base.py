@@ -13,11 +13,14 @@ asks for is in the real headline.
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Callable
+import operator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from poslens.experiments.config import NOTHING, Passes
 from poslens.experiments.keys import Key
 from poslens.interventions import in_situ
 from poslens.models.config import posenc_family
@@ -152,11 +155,46 @@ def no_notes(v: View) -> Notes:
     return []
 
 
+# The passes a rule reads by default: its probes and SSDC on the clean pass, nothing under RPI
+CLEAN = Passes(rpi=False, rpi_probes=False)
+ACCURACY = NOTHING  # accuracy and margins alone
+UNDER_RPI = Passes()  # numbers under RPI too (RPI-SSDC, probes under RPI, the floor's RPI pass)
+
+
+@dataclass(frozen=True)
+class Needs:
+    """What a rule's effect and notes read: the experiments (`reads`, the primary one first), of
+    position_removal the condition kinds (`removal`, position_removal.KINDS; () the intact model
+    and floor alone) and the passes (experiments.config.Passes). An in-situ control runs only
+    what the union of the needs of the rules judging it asks for (study.plan.in_situ_runs): the
+    rest would be paid for and never read. `a | b` needs what either needs."""
+
+    reads: tuple[str, ...]
+    removal: tuple[str, ...] = ()
+    passes: Passes = CLEAN
+
+    def __or__(self, other: Needs) -> Needs:
+        return Needs(
+            tuple(dict.fromkeys((*self.reads, *other.reads))),
+            tuple(dict.fromkeys((*self.removal, *other.removal))),
+            self.passes | other.passes,
+        )
+
+
+NEEDS_NOTHING = Needs((), (), NOTHING)  # the union of no needs
+
+
+def union(needs: Iterable[Needs]) -> Needs:
+    """What any of `needs` needs (NEEDS_NOTHING for none)."""
+    return functools.reduce(operator.or_, needs, NEEDS_NOTHING)
+
+
 @dataclass(frozen=True)
 class Rule:
     """One level of one claim: its primary effect per seed must exceed `threshold` (one-sided
-    t-test over seeds); judged on `study` models, calibrated on `controls`. `reads`: the
-    experiments its effect reads (the first is its primary one); `family`: the encodings it
+    t-test over seeds); judged on `study` models, calibrated on `controls`. `needs`: what its
+    effect and notes read (Needs: experiments, the first its primary one; position_removal's
+    condition kinds; the passes); `family`: the encodings it
     applies to (models.config.posenc_family, or "any" positional encoding), by which a
     pretrained model is judged. A `descriptive` rule reports its effect with an interval and no
     verdict (what it measures is decided by nothing the study controls)."""
@@ -165,7 +203,7 @@ class Rule:
     level: str  # ORIGINAL or SHARPER
     title: str  # the claim, as the original stated it
     statement: str  # what this level tests, in one line
-    reads: tuple[str, ...]
+    needs: Needs
     family: str
     effect: Callable[[View], Effect]
     effect_name: str
@@ -180,22 +218,6 @@ class Rule:
     # why no in-situ control can calibrate this level where one is missing (a pretrained study
     # then says so instead of a verdict), e.g. "no weight edit plants compensation"
     in_situ_gap: str = ""
-    # where it reads position_removal: the condition kinds its effect and notes read
-    # (position_removal.KINDS; () the intact model and floor alone). An in-situ control runs only
-    # the kinds of the rules that judge it (study.plan.in_situ_runs): the rest would be paid for
-    # and never read.
-    removal: tuple[str, ...] = ()
-    # whether its effect or notes read a position_removal condition's RPI numbers (RPI-SSDC, the
-    # probes under RPI): an in-situ control's conditions run their RPI pass only then
-    removal_rpi: bool = False
-    # whether they read any of its probes or SSDC (False: accuracy and margins alone): where no
-    # rule judging an in-situ control does, its position_removal runs unprobed (one clean pass
-    # per condition, no probe site chosen)
-    removal_probes: bool = True
-    # whether its effect or notes read any number measured under RPI (RPI-SSDC, probes under
-    # RPI) in any experiment: an in-situ control that only rules without are judged on is
-    # measured without RPI probes (ExperimentConfig.rpi_probes)
-    rpi: bool = False
     # the rule fed the original's published numbers: (effect, how it was read, comparable);
     # study/reference.py turns it into the reference check beside the verdict
     reference: Callable[[], Reference] | None = None
@@ -205,9 +227,14 @@ class Rule:
         return f"{self.claim}.{self.level}"
 
     @property
+    def reads(self) -> tuple[str, ...]:
+        """The experiments its effect and notes read, the primary one first."""
+        return self.needs.reads
+
+    @property
     def experiment(self) -> str:
         """The primary experiment: a model that did not run it has nothing to judge."""
-        return self.reads[0]
+        return self.needs.reads[0]
 
     @property
     def models(self) -> tuple[str, ...]:

@@ -15,6 +15,7 @@ from poslens.study.claims.base import (
     SHARPER,
     Control,
     Effect,
+    Needs,
     Notes,
     Reference,
     Rule,
@@ -113,7 +114,7 @@ RULES = (
         HEADS_TITLE,
         "the top rebuilder head (ranked on half the images) costs more accuracy after the "
         "window than the same head costs in the intact model (on the other half)",
-        ("heads",),
+        Needs(("heads",)),
         "rotary",
         heads_excess_effect,
         "held-out accuracy the top head costs after the window minus in the intact model",
@@ -147,7 +148,7 @@ RULES = (
         HEADS_TITLE,
         "heads' rebuilding follows their axis: a head's preference for rebuilding after a "
         "row-only vs a column-only window correlates with its attention's axis specialization",
-        ("heads",),
+        Needs(("heads",)),
         "rotary",
         heads_effect,
         "correlation, over the later blocks' heads, of each head's scale-free preference for "

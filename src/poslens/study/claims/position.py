@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from poslens.experiments import position_removal
 from poslens.study.claims.base import (
+    ACCURACY,
     ORIGINAL,
     PLANTED_ROWCOL,
     Control,
     Effect,
+    Needs,
     Reference,
     Rule,
     View,
@@ -51,7 +53,7 @@ RULES = (
         ORIGINAL,
         POSITION_TITLE,
         "removing every positional signal from the trained weights costs accuracy",
-        ("position_removal",),
+        Needs(("position_removal",), passes=ACCURACY),
         "any",
         position_effect,
         "accuracy lost when every positional signal is removed from the same weights",
@@ -70,7 +72,6 @@ RULES = (
         ),
         would_change="Removing position costing less than 10 accuracy points.",
         in_situ_gap=NO_EDIT_PLANTS_USE,
-        removal_probes=False,
         by_construction="The task's label depends on where the objects are, so a drop is "
         "expected where the model learned to read position.",
         reference=_position,

@@ -15,8 +15,10 @@ from poslens.study.claims.base import (
     NOT_TESTED,
     ORIGINAL,
     SHARPER,
+    UNDER_RPI,
     Control,
     Effect,
+    Needs,
     Notes,
     Reference,
     Rule,
@@ -141,7 +143,7 @@ RULES = (
         REBUILD_TITLE,
         "after rotations are withheld in the first blocks, the final RPI-SSDC returns to much "
         "(over half) of the intact model's",
-        ("windows",),
+        Needs(("windows",), passes=UNDER_RPI),
         "rotary",
         rebuild_retention_effect,
         "final RPI-SSDC retention after the withheld window (0 floor, 1 intact)",
@@ -154,7 +156,6 @@ RULES = (
         "alone is not compensation (the sharper test subtracts the later blocks' ordinary part).",
         notes=rebuild_retention_notes,
         in_situ_gap=NO_EDIT_PLANTS_REBUILDING,
-        rpi=True,
         reference=_rebuild_retention,
     ),
     Rule(
@@ -163,7 +164,7 @@ RULES = (
         REBUILD_TITLE,
         "the later blocks add more after the window than they add in the intact model "
         "(compensation beyond their ordinary contribution), in correct-class margin",
-        ("windows",),
+        Needs(("windows",), passes=UNDER_RPI),
         "rotary",
         rebuild_effect,
         "compensation: what the later blocks add after the withheld window minus what they add in "
@@ -179,7 +180,6 @@ RULES = (
         "beyond that is compensation.",
         notes=rebuild_notes,
         in_situ_gap=NO_EDIT_PLANTS_REBUILDING,
-        rpi=True,
         reference=_rebuild,
     ),
 )

@@ -16,6 +16,7 @@ from poslens.study.claims.base import (
     SHARPER,
     Control,
     Effect,
+    Needs,
     Notes,
     Reference,
     Rule,
@@ -156,7 +157,8 @@ RULES = (
         SPLIT_TITLE,
         "on axial RoPE: removing one axis's planes keeps the other axis (fixed probes) beyond "
         "removing as many random planes per head",
-        ("position_removal", "axis_map"),
+        Needs(("position_removal", "axis_map"),
+              removal=(position_removal.AXIS_KIND, position_removal.RANDOM_AXIS_KIND)),
         "rotary",
         rope_split_effect,
         "retention of the other axis's fixed probe after one axis's planes are removed, minus "
@@ -185,7 +187,6 @@ RULES = (
         by_construction="In axial RoPE each plane follows one axis by design, so the own-axis loss "
         "is built in (a check, not evidence); the other axis surviving is not.",
         notes=rope_split_notes,
-        removal=(position_removal.AXIS_KIND, position_removal.RANDOM_AXIS_KIND),
         reference=_split,
     ),
     Rule(
@@ -194,7 +195,7 @@ RULES = (
         SPLIT_TITLE,
         "learned-frequency RoPE: do the learned planes come to follow the axes (against their "
         "initialisation)? Descriptive",
-        ("axis_map",),
+        Needs(("axis_map",)),
         "rotary",
         rope_alignment_effect,
         "share of axis-aligned planes after training minus at initialisation",
