@@ -118,6 +118,18 @@ def test_axis_map_and_row_masks_match_timm_with_its_row_planes_removed(
     assert (rows_off - cols_off).abs().max() > 1e-2
 
 
+def test_half_layout_row_first(tmp_path: Path) -> None:
+    """timm's rope_rotate_half=True (planes at channels p, p + dh/2), row bands first: the same
+    permutation in the "half" layout puts the column planes first, with parity."""
+    model, tm = converted("eva02_tiny_patch14_224", 56, tmp_path, rope_rotate_half=True)
+    assert model.cfg.rope_layout == "half"
+    amap = axis_map(model)
+    assert amap.col == tuple(range(16)) and amap.row == tuple(range(16, 32))
+    x = torch.randn(2, 3, 56, 56, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), tm(x), atol=ATOL, rtol=0)
+
+
 def test_other_grid_rescales_each_axis(tmp_path: Path) -> None:
     """A 5 x 4 grid of a model built for 4 x 4 (timm's SBB RoPE ViT, no APE): rows turn 16 / 5,
     columns 16 / 4 reference patches per patch, as timm's dynamic-size model computes them."""
