@@ -4,10 +4,11 @@ EVA-02, the Perception Encoder and timm's SBB `vit_*_rope_reg*_gap` ViTs build t
 RotaryEmbeddingCat: bands temperature^(-i / (dh/4)) on patch-index coordinates that are offset
 (`rope_grid_offset`) and rescaled to a reference grid (`ref_feat_shape`: any grid spans the
 pretraining one), with the row bands first ('ij', EVA-02 and SBB) or the column bands first ('xy',
-PE), in interleaved pairs (halves with rope_rotate_half). In poslens this is rope_axial with rope_coords "rescaled",
-rope_ref_grid and rope_offset; row-first tables are moved to poslens' column-first plane order by
-permuting the q and k channels of every head the same way (q.k unchanged), as for DINOv3.
-Pixel-frequency bands (`in_pixels`) are used by no pretrained ViT-like architecture and are refused.
+PE), in interleaved pairs (halves with rope_rotate_half). In poslens this is rope_axial with
+rope_coords "rescaled", rope_ref_grid and rope_offset; row-first tables are moved to poslens'
+column-first plane order by permuting the q and k channels of every head the same way (q.k
+unchanged), as for DINOv3. Pixel-frequency bands (`in_pixels`) are used by no pretrained ViT-like
+architecture and are refused.
 """
 
 from __future__ import annotations
