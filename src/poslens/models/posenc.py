@@ -29,12 +29,13 @@ def grid_coords(
 def resample_pos_embed(
     pos: torch.Tensor, old: tuple[int, int], new: tuple[int, int]
 ) -> torch.Tensor:
-    """Bicubically resample a [1, gh*gw, D] absolute embedding to another grid (as timm does)."""
+    """Bicubically resample a [1, gh*gw, D] absolute embedding to another grid, as timm's
+    resample_abs_pos_embed does: antialiased (torch's PIL-like cubic kernel, up and down)."""
     if old == new:
         return pos
     d = pos.shape[-1]
     grid = pos.reshape(1, old[0], old[1], d).permute(0, 3, 1, 2)  # [1, D, gh, gw]
-    grid = F.interpolate(grid.float(), size=new, mode="bicubic", align_corners=False)
+    grid = F.interpolate(grid.float(), size=new, mode="bicubic", align_corners=False, antialias=True)
     return grid.permute(0, 2, 3, 1).reshape(1, new[0] * new[1], d).to(pos.dtype)
 
 
