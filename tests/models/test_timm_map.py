@@ -35,6 +35,9 @@ CASES: list[tuple[str, dict[str, Any], int, dict[str, Any]]] = [
      dict(pool="map", pool_heads=8, pool_prefix=True, pool_mlp_ratio=2.0, norm_pre=True)),
     ("aimv2_large_patch14_224", NARROW, 56,
      dict(norm="rms", proj_bias=False, qkv_bias=False, patch_norm=True, mlp="swiglu")),
+    # DINOv3's row-first planes with qk-norm (Sapiens2's layout): the q / k channels are
+    # reordered, and their norms' weights with them
+    ("vit_small_patch16_dinov3", dict(qk_norm=True), 64, dict(qk_norm=True, rope_layout="half")),
 ]  # fmt: skip
 
 

@@ -393,7 +393,10 @@ def convert(tm: nn.Module, name: str) -> tuple[ModelConfig, dict[str, torch.Tens
             sd |= linear_state(p + ours, theirs, _gamma(b, branch))
         sd.update({p + "mlp." + k: v for k, v in _mlp_state(b.mlp).items() if v is not None})
         for ours, norm in _block_norms(b).items():  # ln1, ln2 (timm's norm1, norm2), sub-norms
-            sd |= norm_state(p + ours, norm)
+            state = norm_state(p + ours, norm)
+            if _row_first(tm) and ours in ("attn.q_norm", "attn.k_norm"):  # channels reordered
+                state = {k: v[_half_plane_order(cfg.head_dim)] for k, v in state.items()}
+            sd |= state
     for ours, m in norms.items():
         if present[ours]:
             sd |= norm_state(ours, m)
