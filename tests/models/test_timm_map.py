@@ -143,6 +143,10 @@ def test_defaults_keep_every_fingerprint() -> None:
         assert other.fingerprint() != cfg.fingerprint()
         assert ModelConfig.from_dict(other.to_dict()) == other
     assert ModelConfig(pool="map").arch_pieces() == ["pool"]
+    from poslens.limits import param_count  # the memory estimate counts the pool exactly
+
+    for cfg in (ModelConfig(pool="map"), ModelConfig(pool="map", pool_mlp_ratio=2.0)):
+        assert param_count(cfg) == build_model(cfg).num_params()
     assert ModelConfig(norm="rms").arch_pieces() == ["norm"]
 
 

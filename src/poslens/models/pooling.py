@@ -61,13 +61,4 @@ class AttentionPool(nn.Module):
         nn.init.trunc_normal_(self.latent, std=self.latent.shape[-1] ** -0.5)
 
 
-def map_params(cfg: ModelConfig) -> int:
-    """Parameters of the MAP pool of a config (0 without one)."""
-    if cfg.pool != "map":
-        return 0
-    d, hidden = cfg.dim, cfg.map_hidden
-    norm = d if cfg.norm == "rms" else 2 * d
-    return d + (d * d + d) + (2 * d * d + 2 * d) + (d * d + d) + norm + 2 * d * hidden + hidden + d
-
-
-__all__ = ["AttentionPool", "map_params"]
+__all__ = ["AttentionPool"]
