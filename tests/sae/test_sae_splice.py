@@ -178,4 +178,5 @@ def test_an_rms_normalised_site_is_edited_through_the_root_mean_square() -> None
         dy = sae(y)[0] - y
         rms = (x.pow(2).mean(-1, keepdim=True) + norm.eps).sqrt()
         expected = x + rms * dy / norm.weight
-    torch.testing.assert_close(out["blocks.1.hook_resid_pre"][:, 1:], expected, atol=1e-5, rtol=1e-5)
+    edited = out["blocks.1.hook_resid_pre"][:, 1:]
+    torch.testing.assert_close(edited, expected, atol=1e-5, rtol=1e-5)

@@ -57,7 +57,7 @@ class AttentionPool(nn.Module):
         return self.hook_pooled(y + self.hook_mlp_out(self.mlp(self.norm(y))))
 
     def init_weights(self) -> None:
-        """timm's init of the latent: truncated normal of std dim^-0.5 (the linears as the ViT's)."""
+        """timm's init of the latent: truncated normal of std dim^-0.5 (linears as the ViT's)."""
         nn.init.trunc_normal_(self.latent, std=self.latent.shape[-1] ** -0.5)
 
 

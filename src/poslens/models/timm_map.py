@@ -32,7 +32,8 @@ def norm_kind_eps(m: nn.Module, name: str, where: str) -> tuple[str, float]:
     layer = kind == "layer" and isinstance(m, nn.LayerNorm)
     rms = kind == "rms" and getattr(m, "normalized_shape", None) is not None
     if not (layer or rms):
-        raise _unsupported(name, f"{where} is {type(m).__name__}, poslens uses LayerNorm or RMSNorm")
+        kind_name = type(m).__name__
+        raise _unsupported(name, f"{where} is {kind_name}, poslens uses LayerNorm or RMSNorm")
     if getattr(m, "weight", None) is None or (layer and m.bias is None):
         raise _unsupported(name, f"{where} has no affine weight" + (" and bias" if layer else ""))
     if len(m.normalized_shape) != 1 or m.eps is None:
