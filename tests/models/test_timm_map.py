@@ -128,6 +128,12 @@ def test_rms_norm_is_timms_and_the_norm_site_inverts_it(tmp_path: Path) -> None:
     assert site is not None and site[0] == hooks.resid_pre(1)
     assert isinstance(site[1], torch.nn.RMSNorm) and getattr(site[1], "bias", None) is None
     assert model.blocks[0].attn.proj.bias is None and model.blocks[0].mlp.fc2.bias is None
+    x = torch.randn(2, 3, 56, 56)
+    names = [hooks.attn(0, "result"), hooks.block_out(0, "attn")]
+    with torch.no_grad():  # per-head results still sum to the output without a bias to add
+        logits, cache = model.run_with_cache(x, names)
+        torch.testing.assert_close(logits, model(x), atol=1e-5, rtol=0)
+    torch.testing.assert_close(cache[names[0]].sum(2), cache[names[1]], atol=1e-5, rtol=0)
 
 
 def test_defaults_keep_every_fingerprint() -> None:
