@@ -139,7 +139,11 @@ def param_count(cfg: ModelConfig) -> float:
     prefix = (int(cfg.cls_token) + cfg.num_registers) * d
     ape = patches * d if cfg.has_pos_table else 0.0
     mixed = 2.0 * cfg.depth * cfg.heads * cfg.head_dim // 2 if cfg.rope_kind == "mixed" else 0.0
-    return embed + prefix + ape + mixed + cfg.depth * per_block + 2 * d + (d + 1) * cfg.num_classes
+    pool = 0.0  # the MAP pool: latent, q, kv, proj, norm and its MLP
+    if cfg.pool == "map":
+        pool = 4 * d * d + 8 * d + 2 * d * cfg.map_hidden + cfg.map_hidden
+    head = 2 * d + (d + 1) * cfg.num_classes
+    return embed + prefix + ape + mixed + cfg.depth * per_block + pool + head
 
 
 def tokens(cfg: ModelConfig, image_size: int | None = None) -> float:

@@ -192,14 +192,14 @@ def test_shape_mismatch(tmp_path: Path) -> None:
 
 
 def test_unsupported_architecture_is_refused(tmp_path: Path) -> None:
-    """A SigLIP ViT (attention-pooling head) cannot be reproduced exactly: refused in one line
-    naming the feature, not approximated."""
-    name = "vit_base_patch16_siglip_224"
-    kw = dict(depth=1, img_size=32)
+    """A ViT with timm's PRR pooling (parameter-free attention over every token) cannot be
+    reproduced exactly: refused in one line naming the feature, not approximated."""
+    name = "vit_tiny_patch16_224"
+    kw = dict(depth=1, img_size=32, global_pool="prr")
     path = save(random_timm(name, **kw), tmp_path / "w.safetensors")
     with pytest.raises(UserError) as e:
         load_timm(name, path, **kw)
-    assert "not supported: attention pooling head" in one_line(e)
+    assert "not supported: attention pooling AttentionPoolPrr" in one_line(e)
 
 
 def test_missing_timm_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -158,3 +158,25 @@ def test_every_residual_stream_site_splices(site: str, images: torch.Tensor) -> 
     model, sae = tiny("ape"), TopKSAE(32, 64, 4, site=site)
     with torch.no_grad(), splice(model, sae):
         assert model(images).shape == (3, 5)
+
+
+def test_an_rms_normalised_site_is_edited_through_the_root_mean_square() -> None:
+    """Under an RMSNorm (model.norm "rms", AIMv2) the residual's edit is rms(x) * dy / gamma per
+    token: the same splice, with the root mean square in place of the standard deviation."""
+    model = tiny("ape", norm="rms")
+    with torch.no_grad():  # a gamma away from 1, so that dividing by it matters
+        model.blocks[1].ln1.weight.uniform_(0.5, 1.5)
+    imgs = torch.randn(40, 1, 16, 16, generator=torch.Generator().manual_seed(2))
+    store = ActivationStore.from_model(model, imgs, SITE)
+    sae, _ = train_sae(store, SAEConfig(site=SITE, k=4, batch=128, steps=20, lr=3e-3))
+    clean = resid_and_site(model, imgs[:6])
+    out = resid_and_site(model, imgs[:6], sae=sae)
+    x, y = clean["blocks.1.hook_resid_pre"][:, 1:], clean[SITE][:, 1:]
+    norm = model.blocks[1].ln1
+    assert isinstance(norm, torch.nn.RMSNorm)
+    with torch.no_grad():
+        dy = sae(y)[0] - y
+        rms = (x.pow(2).mean(-1, keepdim=True) + norm.eps).sqrt()
+        expected = x + rms * dy / norm.weight
+    edited = out["blocks.1.hook_resid_pre"][:, 1:]
+    torch.testing.assert_close(edited, expected, atol=1e-5, rtol=1e-5)

@@ -29,7 +29,9 @@ def posenc_family(posenc: str) -> str:
 
 ROPE_LAYOUTS = ("interleaved", "half")
 ROPE_COORDS = ("index", "centered", "rescaled")
-POOLS = ("cls", "mean")
+POOLS = ("cls", "mean", "map")
+MAP_POOLS = ("map",)  # pools of pretrained architectures: a model with one is studied, not stacked
+NORMS = ("layer", "rms")
 APE_CODES = ("learned", "rowcol", "cell")
 ROPE_VARIANTS = ("standard", "oblique", "head_split")
 ROPE_BLOCKS = ("all", "first_half")
@@ -49,6 +51,12 @@ ARCH_FIELDS = {
     "fc_norm": False,  # a LayerNorm on the pooled vector, before the head (fc_norm)
     "head_dist": False,  # DeiT's distillation head: register 0 is the distillation token, read by
     # a second head; the logits are the mean of the two heads' (head_dist)
+    # MAP attention pooling (pool "map", SigLIP / PE core; AttentionPoolLatent) and AIMv2's norms
+    "pool_heads": 0,  # heads of the MAP latent's attention; 0: the blocks' (attn_pool.num_heads)
+    "pool_mlp_ratio": 0.0,  # the MAP head's MLP width / dim; 0: the blocks' mlp_ratio
+    "pool_prefix": False,  # the MAP latent attends over the prefix tokens too (Eva; include_prefix)
+    "norm": "layer",  # every norm a LayerNorm, or "rms" an RMSNorm without bias (timm's RmsNorm)
+    "proj_bias": True,  # biases on the attention output projection and the MLP linears (proj_bias)
 }
 # fields added after the first release, with the default that to_dict leaves out
 LATER_FIELDS = {
@@ -128,6 +136,11 @@ class ModelConfig:
     final_norm: bool = True
     fc_norm: bool = False
     head_dist: bool = False
+    pool_heads: int = 0
+    pool_mlp_ratio: float = 0.0
+    pool_prefix: bool = False
+    norm: str = "layer"
+    proj_bias: bool = True
 
     def __post_init__(self) -> None:
         for name in (
@@ -183,6 +196,7 @@ class ModelConfig:
                 f"model.sincos_temperature needs posenc 'sincos', got {self.posenc!r}"
             )
         one_of("model.pool", self.pool, POOLS)
+        self._check_map_and_norm()
         one_of("model.mlp", self.mlp, MLPS)
         one_of("model.mlp_act", self.mlp_act, MLP_ACTS)
         if self.mlp == "swiglu" and self.mlp_act != "gelu":
@@ -207,6 +221,28 @@ class ModelConfig:
             )
         if self.pool == "cls" and not self.cls_token:
             raise ConfigError("model.pool is 'cls' but model.cls_token is false")
+
+    def _check_map_and_norm(self) -> None:
+        """The MAP pool's fields (only with pool "map") and the norm kind."""
+        positive_int("model.pool_heads", self.pool_heads, allow_zero=True)
+        positive_float("model.pool_mlp_ratio", self.pool_mlp_ratio, allow_zero=True)
+        one_of("model.norm", self.norm, NORMS)
+        for name in ("pool_heads", "pool_mlp_ratio", "pool_prefix"):
+            if getattr(self, name) != ARCH_FIELDS[name] and self.pool != "map":
+                raise ConfigError(f"model.{name} needs model.pool 'map', got {self.pool!r}")
+        if self.pool == "map" and self.dim % self.map_heads:
+            raise ConfigError(f"model.dim ({self.dim}) is not divisible by model.pool_heads "
+                              f"({self.map_heads})")  # fmt: skip
+
+    @property
+    def map_heads(self) -> int:
+        """Heads of the MAP pool's attention (pool_heads, or the blocks' when 0)."""
+        return self.pool_heads or self.heads
+
+    @property
+    def map_hidden(self) -> int:
+        """Hidden width of the MAP pool's MLP (pool_mlp_ratio, or the blocks' when 0)."""
+        return int(self.dim * (self.pool_mlp_ratio or self.mlp_ratio))
 
     @property
     def head_dim(self) -> int:
@@ -246,8 +282,10 @@ class ModelConfig:
         return posenc_family(self.posenc)
 
     def arch_pieces(self) -> list[str]:
-        """The pretrained-architecture fields (ARCH_FIELDS) not at their default, in order."""
-        return [n for n, v in ARCH_FIELDS.items() if getattr(self, n) != v]
+        """The pretrained-architecture fields (ARCH_FIELDS) not at their default, in order, after
+        "pool" where it is a pretrained architecture's (MAP_POOLS)."""
+        pool = ["pool"] if self.pool in MAP_POOLS else []
+        return pool + [n for n, v in ARCH_FIELDS.items() if getattr(self, n) != v]
 
     @property
     def scale(self) -> dict[str, int]:

@@ -27,6 +27,9 @@ EMBED, POS_EMBED = "hook_embed", "hook_pos_embed"  # patch embeddings; the added
 FINAL_NORM = "ln_final.hook_normalized"  # the final norm's output: the "out" site
 # (without a final norm, model.final_norm false, the last block's output as the head reads it)
 FC_NORM = "fc_norm.hook_normalized"  # [B, D] the pooled vector after fc_norm, entering the head
+# the MAP pool (model.pool "map"): the latent's attention [B, H, 1, T] over the tokens it pools
+# (the patches, or every token with pool_prefix), and its output [B, D], before any fc_norm
+POOL_PATTERN, POOLED = "attn_pool.hook_pattern", "attn_pool.hook_pooled"
 ATTN_HOOKS = ("q", "k", "v", "rotary", "rot_q", "rot_k", "attn_scores", "pattern", "z", "result")
 
 

@@ -36,6 +36,14 @@ from poslens._timm import import_timm
 from poslens.errors import ConfigError, UserError
 from poslens.models.config import ModelConfig
 from poslens.models.timm_eva import cat_rotary, channel_order, plane_order, row_first
+from poslens.models.timm_map import (
+    block_bias,
+    linear_state,
+    map_fields,
+    map_state,
+    norm_kind_eps,
+    norm_state,
+)
 from poslens.models.timm_weights import (
     head_classes,
     load_timm_weights,
@@ -82,14 +90,6 @@ def _square(v: Any, what: str, name: str) -> int:
     if a != b:
         raise _unsupported(name, f"non-square {what} {a}x{b}")
     return int(a)
-
-
-def _layer_norm_eps(m: nn.Module, name: str, where: str) -> float:
-    if type(m).__name__ not in ("LayerNorm",) or not isinstance(m, nn.LayerNorm):
-        raise _unsupported(name, f"{where} is {type(m).__name__}, poslens uses LayerNorm")
-    if not m.elementwise_affine or m.bias is None:
-        raise _unsupported(name, f"{where} has no affine weight and bias")
-    return float(m.eps)
 
 
 def _qkv(attn: nn.Module, dim: int) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -153,17 +153,18 @@ def _mlp_linears(mlp: nn.Module) -> list[nn.Linear]:
     return [getattr(mlp, n) for n in ("fc1", "fc1_g", "fc1_x", "fc2") if hasattr(mlp, n)]
 
 
-def _mlp_state(mlp: nn.Module) -> dict[str, torch.Tensor]:
+def _mlp_state(mlp: nn.Module) -> dict[str, torch.Tensor | None]:
     """fc1 (or fc1_g / fc1_x) tensors under poslens' names; a packed GluMlp's fc1 is split into
     its gate (first half) and value (second half)."""
     if type(mlp).__name__ == "GluMlp":
-        (wg, wx), (bg, bx) = mlp.fc1.weight.chunk(2), mlp.fc1.bias.chunk(2)
+        (wg, wx), b = mlp.fc1.weight.chunk(2), mlp.fc1.bias
+        (bg, bx) = (None, None) if b is None else b.chunk(2)
         return {"fc1_g.weight": wg, "fc1_g.bias": bg, "fc1_x.weight": wx, "fc1_x.bias": bx}
     out = {}
     for n in ("fc1", "fc1_g", "fc1_x"):
         if hasattr(mlp, n):
             out[n + ".weight"], out[n + ".bias"] = getattr(mlp, n).weight, getattr(mlp, n).bias
-    return out
+    return out  # a bias is None where the MLP has none
 
 
 def _hidden(mlp: nn.Module) -> int:
@@ -181,6 +182,7 @@ def _block_kind(block: nn.Module, name: str) -> dict[str, Any]:
         "qk_norm": not _is_identity(getattr(block.attn, "q_norm", None)),
         "attn_sub_norm": not _is_identity(getattr(block.attn, "norm", None)),
         "mlp_sub_norm": not _is_identity(getattr(block.mlp, "norm", None)),
+        "proj_bias": block_bias(block, _mlp_linears(block.mlp), name),
     }
 
 
@@ -207,12 +209,9 @@ def _check_block(block: nn.Module, name: str) -> None:
         raise _unsupported(name, "gated attention")
     if getattr(attn, "num_kv_groups", 1) != 1:
         raise _unsupported(name, "grouped-query attention")
-    if getattr(attn.proj, "bias", None) is None:
-        raise _unsupported(name, "attention projection without bias")
     if _mlp_kind(mlp, name) == "mlp":
         _mlp_act(mlp.act, name)
-    if any(lin.bias is None for lin in _mlp_linears(mlp)):
-        raise _unsupported(name, "MLP without biases")
+    block_bias(block, _mlp_linears(mlp), name)
 
 
 def _rotary(
@@ -250,8 +249,6 @@ def convert(tm: nn.Module, name: str) -> tuple[ModelConfig, dict[str, torch.Tens
     pe = tm.patch_embed
     if getattr(pe, "dynamic_img_pad", False):
         raise _unsupported(name, "patch embedding with padding")
-    if getattr(tm, "attn_pool", None) is not None:
-        raise _unsupported(name, "attention pooling head (global_pool='map')")
     # timm's norms outside the blocks under poslens' names, in forward order
     norms = {"patch_norm": getattr(pe, "norm", None), "norm_pre": getattr(tm, "norm_pre", None),
              "ln_final": getattr(tm, "norm", None), "fc_norm": getattr(tm, "fc_norm", None)}  # fmt: skip
@@ -260,11 +257,13 @@ def convert(tm: nn.Module, name: str) -> tuple[ModelConfig, dict[str, torch.Tens
         raise _unsupported(name, "distillation head with fc_norm or without a classifier")
     if not isinstance(tm.head, nn.Linear) and not _is_identity(tm.head):
         raise _unsupported(name, f"classifier head {type(tm.head).__name__} (not linear)")
-    if getattr(tm, "pool_include_prefix", False):
+    attn_pool = getattr(tm, "attn_pool", None)
+    if getattr(tm, "pool_include_prefix", False) and attn_pool is None:
         raise _unsupported(name, "pooling that includes prefix tokens")
-    pool = {"token": "cls", "avg": "mean"}.get(tm.global_pool)
+    pool = {"token": "cls", "avg": "mean"}.get(tm.global_pool, "map" if attn_pool else None)
     if pool is None:
-        raise _unsupported(name, f"global_pool={tm.global_pool!r} (poslens pools 'token' or 'avg')")
+        raise _unsupported(name, f"global_pool={tm.global_pool!r} (poslens pools 'token', 'avg', "
+                           "'map')")  # fmt: skip
     blocks = list(tm.blocks)
     for b in blocks:
         _check_block(b, name)
@@ -275,15 +274,23 @@ def convert(tm: nn.Module, name: str) -> tuple[ModelConfig, dict[str, torch.Tens
         raise _unsupported(name, "attention head dimension other than dim / heads")
     hidden = _hidden(b0.mlp)
     timm_names = {"patch_norm": "patch_embed.norm", "ln_final": "norm"}
-    eps = {_layer_norm_eps(m, name, timm_names.get(n, n)) for n, m in norms.items() if present[n]}
+    kinds = {norm_kind_eps(m, name, timm_names.get(n, n)) for n, m in norms.items() if present[n]}
     block_kind = _block_kind(b0, name)
+    pooling = {"pool": pool}
+    if pool == "map":
+        act = block_kind["mlp_act"]
+        pooling = map_fields(tm, name, heads, hidden, act, _mlp_act)
+        kinds |= {norm_kind_eps(attn_pool.norm, name, "attn_pool.norm")}
     for i, b in enumerate(blocks):
         if _hidden(b.mlp) != hidden or b.attn.num_heads != heads:
             raise _unsupported(name, "blocks of different widths")
         if _block_kind(b, name) != block_kind:
             raise _unsupported(name, "blocks of different kinds")
         for where, norm in _block_norms(b).items():
-            eps |= {_layer_norm_eps(norm, name, f"blocks.{i}.{where}")}
+            kinds |= {norm_kind_eps(norm, name, f"blocks.{i}.{where}")}
+    if len({k for k, _ in kinds}) != 1:
+        raise _unsupported(name, "a mix of LayerNorm and RMSNorm")
+    eps = {e for _, e in kinds}
     if len(eps) != 1:
         raise _unsupported(name, f"LayerNorms with different eps {sorted(eps)}")
     reg = tm.dist_token if distilled else tm.reg_token  # DeiT's distillation token: register 0
@@ -316,7 +323,6 @@ def convert(tm: nn.Module, name: str) -> tuple[ModelConfig, dict[str, torch.Tens
             **coord_fields,
             cls_token=has_cls,
             num_registers=num_registers,
-            pool=pool,
             qkv_bias=_qkv(b0.attn, dim)[1] is not None,
             norm_eps=eps.pop(),
             patch_norm=present["patch_norm"],
@@ -329,6 +335,9 @@ def convert(tm: nn.Module, name: str) -> tuple[ModelConfig, dict[str, torch.Tens
             final_norm=present["ln_final"],
             fc_norm=present["fc_norm"],
             head_dist=distilled,
+            norm=kinds.pop()[0],
+            proj_bias=block_kind["proj_bias"],
+            **pooling,
         )
     except ConfigError as e:
         raise _unsupported(name, str(e)) from None
@@ -369,18 +378,19 @@ def convert(tm: nn.Module, name: str) -> tuple[ModelConfig, dict[str, torch.Tens
         if qkv_b is not None:
             sd[p + "attn.qkv.bias"] = qkv_b
         for ours, theirs, branch in (("attn.proj", b.attn.proj, 1), ("mlp.fc2", b.mlp.fc2, 2)):
-            g = _gamma(b, branch)
-            sd[p + ours + ".weight"] = theirs.weight if g is None else g[:, None] * theirs.weight
-            sd[p + ours + ".bias"] = theirs.bias if g is None else g * theirs.bias
-        sd.update({p + "mlp." + k: v for k, v in _mlp_state(b.mlp).items()})
-        for ours, theirs in (("ln1", b.norm1), ("ln2", b.norm2)):
-            sd[p + ours + ".weight"], sd[p + ours + ".bias"] = theirs.weight, theirs.bias
-        for ours, norm in _block_norms(b).items():
-            if ours not in ("ln1", "ln2"):  # those two are renamed above
-                sd[p + ours + ".weight"], sd[p + ours + ".bias"] = norm.weight, norm.bias
+            sd |= linear_state(p + ours, theirs, _gamma(b, branch))
+        sd.update({p + "mlp." + k: v for k, v in _mlp_state(b.mlp).items() if v is not None})
+        for ours, norm in _block_norms(b).items():  # ln1, ln2 (timm's norm1, norm2), sub-norms
+            state = norm_state(p + ours, norm)
+            if row_first(tm) and ours in ("attn.q_norm", "attn.k_norm"):  # channels reordered
+                order = channel_order(cfg.head_dim, cfg.rope_layout)
+                state = {k: v[order] for k, v in state.items()}
+            sd |= state
     for ours, m in norms.items():
         if present[ours]:
-            sd[ours + ".weight"], sd[ours + ".bias"] = m.weight, m.bias
+            sd |= norm_state(ours, m)
+    if pool == "map":
+        sd |= map_state(tm)
     if distilled:
         sd["head_dist.weight"], sd["head_dist.bias"] = tm.head_dist.weight, tm.head_dist.bias
     if isinstance(tm.head, nn.Linear):

@@ -21,7 +21,8 @@ from poslens.models import hooks
 from poslens.models.attention import softmax_attention
 from poslens.models.config import ModelConfig
 from poslens.models.hooks import HookedModule, HookPoint
-from poslens.models.layers import LayerNorm, NoNorm, build_mlp, norm_or_none
+from poslens.models.layers import NoNorm, Norm, build_mlp, make_norm, norm_or_none, plain_norm
+from poslens.models.pooling import AttentionPool
 from poslens.models.posenc import (
     Rotary,
     channel_tables,
@@ -36,7 +37,8 @@ from poslens.models.posenc import (
 class Attention(nn.Module):
     """Multi-head self-attention with optional rotary q/k (same weight layout as timm's Attention);
     qk_norm: a LayerNorm over each head's q and k before rotation (hook_q / hook_k see them
-    normalised); sub_norm: a LayerNorm over the heads' concatenated output before proj."""
+    normalised); sub_norm: a LayerNorm over the heads' concatenated output before proj (norms of
+    the kind `norm` names: "layer" or "rms"); proj_bias: whether proj has a bias."""
 
     def __init__(
         self,
@@ -47,15 +49,17 @@ class Attention(nn.Module):
         qk_norm: bool = False,
         sub_norm: bool = False,
         eps: float = 1e-6,
+        proj_bias: bool = True,
+        norm: str = "layer",
     ) -> None:
         super().__init__()
         self.heads, self.head_dim = heads, dim // heads
         self.scale = self.head_dim**-0.5
         self.rope_layout = rope_layout
         self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
-        self.q_norm = nn.LayerNorm(self.head_dim, eps=eps) if qk_norm else None
-        self.k_norm = nn.LayerNorm(self.head_dim, eps=eps) if qk_norm else None
-        self.proj = nn.Linear(dim, dim)
+        self.q_norm = plain_norm(norm, self.head_dim, eps) if qk_norm else None
+        self.k_norm = plain_norm(norm, self.head_dim, eps) if qk_norm else None
+        self.proj = nn.Linear(dim, dim, bias=proj_bias)
         self.hook_q, self.hook_k, self.hook_v = HookPoint(), HookPoint(), HookPoint()
         if rope_layout is not None:
             self.hook_rotary = HookPoint()  # [2, H, T, P]; rewrite it to mask planes
@@ -63,7 +67,7 @@ class Attention(nn.Module):
         self.hook_attn_scores = HookPoint()  # [B, H, T, T] scaled logits, before softmax
         self.hook_pattern = HookPoint()  # [B, H, T, T]
         self.hook_z = HookPoint()  # [B, H, T, dh] per-head mix of values
-        self.norm = norm_or_none(sub_norm, dim, eps)  # [B, T, D] over the heads' concatenation
+        self.norm = norm_or_none(sub_norm, dim, eps, norm)  # [B, T, D] the heads' concatenation
         # [B, T, H, D] per-head outputs, H times the residual's memory: computed only when hooked,
         # then the output is their sum (so in-place edits count) instead of one projection
         self.hook_result = HookPoint()
@@ -118,7 +122,8 @@ class Attention(nn.Module):
         if self.hook_result.active:
             w = self.proj.weight.view(D, self.heads, self.head_dim)  # [D_out, H, dh]
             result = self.hook_result(torch.einsum("bhtd,ohd->btho", z, w))
-            return result.sum(dim=2) + self.proj.bias
+            out = result.sum(dim=2)
+            return out if self.proj.bias is None else out + self.proj.bias
         return self.proj(z.transpose(1, 2).reshape(B, T, D))
 
     def rotation_hooks(self) -> list[HookPoint]:
@@ -134,7 +139,7 @@ class Block(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()  # modules registered in forward order, so hook_names() reads in order
         self.hook_resid_pre = HookPoint()
-        self.ln1 = LayerNorm(cfg.dim, cfg.norm_eps)
+        self.ln1 = make_norm(cfg.norm, cfg.dim, cfg.norm_eps)
         self.attn = Attention(
             cfg.dim,
             cfg.heads,
@@ -143,10 +148,12 @@ class Block(nn.Module):
             cfg.qk_norm,
             cfg.attn_sub_norm,
             cfg.norm_eps,
+            cfg.proj_bias,
+            cfg.norm,
         )
         self.hook_attn_out = HookPoint()
         self.hook_resid_mid = HookPoint()
-        self.ln2 = LayerNorm(cfg.dim, cfg.norm_eps)
+        self.ln2 = make_norm(cfg.norm, cfg.dim, cfg.norm_eps)
         self.mlp = build_mlp(cfg)
         self.hook_mlp_out = HookPoint()
         self.hook_resid_post = HookPoint()
@@ -178,7 +185,7 @@ class ViT(HookedModule):
         D, g = cfg.dim, cfg.grid
         self.patch_embed = nn.Conv2d(cfg.in_chans, D, cfg.patch_size, stride=cfg.patch_size)
         # patch_norm and norm_pre act where a hook already reads: hook_embed, blocks.0.hook_resid_pre
-        self.patch_norm = nn.LayerNorm(D, eps=cfg.norm_eps) if cfg.patch_norm else None
+        self.patch_norm = plain_norm(cfg.norm, D, cfg.norm_eps) if cfg.patch_norm else None
         self.cls_token = nn.Parameter(torch.zeros(1, 1, D)) if cfg.cls_token else None
         self.reg_tokens = (
             nn.Parameter(torch.zeros(1, cfg.num_registers, D)) if cfg.num_registers else None
@@ -203,10 +210,14 @@ class ViT(HookedModule):
         self.hook_embed = HookPoint()  # [B, gh*gw, D] patch embeddings, before any position
         if cfg.uses_additive_pos:
             self.hook_pos_embed = HookPoint()  # [1, gh*gw, D] what gets added to the patches
-        self.norm_pre = nn.LayerNorm(D, eps=cfg.norm_eps) if cfg.norm_pre else None
+        self.norm_pre = plain_norm(cfg.norm, D, cfg.norm_eps) if cfg.norm_pre else None
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.depth))
-        self.ln_final: LayerNorm | NoNorm = LayerNorm(D, cfg.norm_eps) if cfg.final_norm else NoNorm()
-        self.fc_norm = norm_or_none(cfg.fc_norm, D, cfg.norm_eps)  # [B, D] the pooled vector
+        self.ln_final: Norm | NoNorm = NoNorm()  # without a final norm: the tokens as they are
+        if cfg.final_norm:
+            self.ln_final = make_norm(cfg.norm, D, cfg.norm_eps)
+        # pool "map": a latent query's attention over the final tokens (models/pooling.py)
+        self.attn_pool = AttentionPool(cfg) if cfg.pool == "map" else None
+        self.fc_norm = norm_or_none(cfg.fc_norm, D, cfg.norm_eps, cfg.norm)  # [B, D] pooled
         # [B, D] -> [B, num_classes]; num_classes=0 (a backbone such as DINOv3): logits [B, 0]
         with warnings.catch_warnings():  # torch warns that initialising an empty head is a no-op
             warnings.filterwarnings("ignore", "Initializing zero-element tensors")
@@ -226,6 +237,8 @@ class ViT(HookedModule):
         for p in (self.cls_token, self.reg_tokens):
             if p is not None:
                 nn.init.normal_(p, std=1e-6)
+        if self.attn_pool is not None:
+            self.attn_pool.init_weights()
         if self.pos_embed is not None and self.cfg.ape_code == "learned":
             nn.init.trunc_normal_(
                 self.pos_embed,
@@ -302,12 +315,21 @@ class ViT(HookedModule):
             x, (gh, gw) = self.embed(x)
         x = self._blocks(x, gh, gw, start_at, self.cfg.depth, cls_exit=self.cls_exit())
         x = self.ln_final(x)  # [B, 1, D] after a CLS exit
-        pooled = x[:, 0] if self.cfg.pool == "cls" else x[:, self.cfg.num_prefix :].mean(dim=1)
+        pooled = self.pool(x)
         if self.fc_norm is not None:
             pooled = self.fc_norm(pooled)
         if self.head_dist is not None:  # DeiT distilled: the mean of the CLS and the dist. heads
             return (self.head(pooled) + self.head_dist(x[:, 1])) / 2
         return self.head(pooled)
+
+    def pool(self, x: torch.Tensor) -> torch.Tensor:
+        """The final tokens [B, T, D] (or [B, 1, D] after a CLS exit) -> the pooled vector [B, D]:
+        CLS, the mean of the patches, or the MAP pool's (over the patches, or every token with
+        pool_prefix)."""
+        p = self.cfg.num_prefix
+        if self.attn_pool is not None:
+            return self.attn_pool(x if self.cfg.pool_prefix else x[:, p:])
+        return x[:, 0] if self.cfg.pool == "cls" else x[:, p:].mean(dim=1)
 
     def residual(self, x: torch.Tensor, block: int) -> torch.Tensor:
         """Images [B, C, H, W] -> the residual [B, T, D] entering block `block` (blocks
@@ -348,14 +370,14 @@ class ViT(HookedModule):
         modules = [m for m in last.modules() if m not in seen] + [*self.ln_final.modules()]
         return not any(m._forward_hooks or m._forward_pre_hooks for m in modules)
 
-    def norm_site(self, name: str) -> tuple[str, LayerNorm] | None:
+    def norm_site(self, name: str) -> tuple[str, Norm] | None:
         """For a LayerNorm's output hook, the residual hook it normalises and the norm itself:
         blocks.b.ln1 <- blocks.b.hook_resid_pre, blocks.b.ln2 <- blocks.b.hook_resid_mid,
         ln_final <- the last block's hook_resid_post. None for any other hook. An edit meant to
         reach the rest of the network rewrites that residual, not the norm's output alone."""
         norm, b = hooks.norm_of(name), hooks.block_of(name)
         if norm == "ln_final":
-            if not isinstance(self.ln_final, LayerNorm):  # no final norm: its output is the residual
+            if isinstance(self.ln_final, NoNorm):  # no final norm: its output is the residual
                 return None
             return hooks.resid_post(self.cfg.depth - 1), self.ln_final
         if norm is None or b is None or not 0 <= b < self.cfg.depth:
@@ -375,6 +397,8 @@ class ViT(HookedModule):
         per_block = 2 * T * (3 * D * D + D * D + mlp_mats * D * hidden) + 2 * 2 * T * T * D
         embed = 2 * cfg.grid**2 * cfg.in_chans * cfg.patch_size**2 * D
         total = embed + cfg.depth * per_block + 2 * D * cfg.num_classes
+        if cfg.pool == "map":  # the latent's q, the tokens' k and v, its attention, proj and MLP
+            total += 2 * (D * D + 2 * T * D * D + 2 * T * D + D * D + 2 * D * cfg.map_hidden)
         return float(total * (3 if train else 1))
 
 

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from poslens._config import short_repr
 from poslens.errors import ConfigError
@@ -101,8 +102,8 @@ def splice(
     An SAE read at a LayerNorm's output (e.g. `blocks.b.ln1.hook_normalized`, the original
     study's site) is spliced where the model reads: the residual the norm normalises is
     rewritten, its change dy mapped back through the norm per token (dx = sigma * dy / gamma,
-    sigma the token's standard deviation), so the edit reaches every later block and not only
-    this block's attention (NOTES.md, "Sparse autoencoders").
+    sigma the token's standard deviation, or its root mean square under an RMSNorm), so the edit
+    reaches every later block and not only this block's attention (NOTES.md, "Sparse autoencoders").
     """
     site = site or sae.site
     check_splice(model, sae, site)
@@ -129,9 +130,14 @@ def splice(
 
     def at_residual(t_BTD: torch.Tensor, _name: str) -> torch.Tensor:
         x = t_BTD[:, p:].float()
-        y = F.layer_norm(x, norm.normalized_shape, norm.weight.float(), norm.bias.float(), norm.eps)
+        eps, shape = float(norm.eps or 0.0), norm.normalized_shape
+        if isinstance(norm, nn.RMSNorm):  # x / rms(x) * gamma: sigma the root mean square
+            y = F.rms_norm(x, shape, norm.weight.float(), eps)
+            sigma = (x.pow(2).mean(-1, keepdim=True) + eps).sqrt()
+        else:
+            y = F.layer_norm(x, shape, norm.weight.float(), norm.bias.float(), eps)
+            sigma = (x.var(-1, unbiased=False, keepdim=True) + eps).sqrt()
         dy = edited(y) - y
-        sigma = (x.var(-1, unbiased=False, keepdim=True) + norm.eps).sqrt()
         gamma = norm.weight.float()
         gamma = torch.where(gamma.abs() < 1e-6, torch.full_like(gamma, 1e-6), gamma)
         return torch.cat([t_BTD[:, :p], (x + sigma * dy / gamma).to(t_BTD.dtype)], dim=1)
