@@ -27,7 +27,9 @@ EMBED, POS_EMBED = "hook_embed", "hook_pos_embed"  # patch embeddings; the added
 FINAL_NORM = "ln_final.hook_normalized"  # the final norm's output: the "out" site
 # (without a final norm, model.final_norm false, the last block's output as the head reads it)
 FC_NORM = "fc_norm.hook_normalized"  # [B, D] the pooled vector after fc_norm, entering the head
-ATTN_HOOKS = ("q", "k", "v", "rotary", "rot_q", "rot_k", "attn_scores", "pattern", "z", "result")
+ATTN_HOOKS = ("q", "k", "v", "rotary", "rot_q", "rot_k", "rel_bias", "attn_scores", "pattern", "z",
+              "result")  # fmt: skip
+# rel_bias: [H, T, T] the relative position bias added to the scores (posenc "relpos")
 
 
 def resid_pre(b: int) -> str:
