@@ -89,3 +89,22 @@ def test_analyze_beit_reads_its_relative_bias_removal(
     # the floor (every block's relative bias zeroed) changes the margins: the bias was removed
     assert abs(floor["d_margin"]["mean"]) > 1e-4
     assert floor["margin"] != pytest.approx(result["baseline"]["margin"], abs=1e-6)
+
+
+def test_pretrained_study_on_a_beit_judges_only_what_applies(
+    weights: Path, folder: Path, tmp_path: Path, tiny_beit: None
+) -> None:
+    """The quick study on a converted BEiT: the APE and RoPE rules do not judge it (family
+    "relative"), "position matters" reads its floor (the bias zeroed), nothing crashes."""
+    from poslens.study import preset, run_study
+
+    cfg = preset("quick", pretrained=(f"timm:{NAME}={weights}",), images=str(folder), seeds=1,
+                 experiments=("depth_profile", "position_removal"), only=(),
+                 n_images=10, probe_images=10, batch_size=10)  # fmt: skip
+    res = run_study(cfg, tmp_path / "out", progress=False, jobs=1)
+    run = res["models"][NAME]["runs"][0]
+    assert run["experiments"]["position_removal"]["headline"]
+    by_id = {c["id"]: c for c in res["claims"]}
+    matters = by_id.pop("position_matters.original")
+    assert f"Describes {NAME} (relpos" in matters["summary"]
+    assert by_id and all("Describes no model" in c["summary"] for c in by_id.values())
