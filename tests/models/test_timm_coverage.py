@@ -23,7 +23,8 @@ SAMPLE = 6
 # a size order read from the words of names (vit_WORD_patch...): unknown words rank last
 SIZES = ("test", "tiny", "xsmall", "small", "wee", "pwee", "little", "medium", "betwixt", "base")
 # families whose smallest architecture poslens converts (a regression fails here)
-CONVERTED = {"ViT", "DeiT", "CLIP", "DINOv2", "DINOv3", "RoPE ViT", "ViT (GAP)", "FlexiViT"}
+CONVERTED = {"ViT", "DeiT", "CLIP", "DINOv2", "DINOv3", "RoPE ViT", "ViT (GAP)", "FlexiViT",
+             "EVA-02"}  # fmt: skip
 
 
 def size_rank(name: str) -> int:

@@ -79,6 +79,24 @@ def test_ape_vit_matches_timm(explicit: bool) -> None:
         )
 
 
+@pytest.mark.parametrize("side", [12, 24])
+def test_ape_at_another_grid_matches_timm(side: int) -> None:
+    """The learned table resampled to a smaller (downsampled: timm antialiases) and a larger
+    grid, as timm's dynamic_img_size resamples it."""
+    from timm.models.vision_transformer import VisionTransformer
+
+    torch.manual_seed(0)
+    theirs = VisionTransformer(img_size=20, patch_size=4, in_chans=1, num_classes=5,
+                               embed_dim=32, depth=2, num_heads=2, no_embed_class=True,
+                               global_pool="token", dynamic_img_size=True).eval()  # fmt: skip
+    with torch.no_grad():
+        theirs.pos_embed.normal_(std=0.5)
+    ours = build_model(ModelConfig(**{**TINY, "posenc": "ape", "image_size": 20})).eval()
+    ours.load_state_dict(timm_to_poslens(theirs.state_dict()))
+    x = torch.randn(2, 1, side, side)
+    torch.testing.assert_close(ours(x), theirs(x), atol=1e-5, rtol=1e-5)
+
+
 def test_axial_rope_matches_timm_up_to_plane_order() -> None:
     """timm's RotaryEmbeddingCat (EVA / naver axial RoPE) puts row planes first; poslens puts
     column planes first. With that plane permutation the rotations agree exactly."""

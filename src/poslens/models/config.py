@@ -7,7 +7,7 @@ import json
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from poslens._config import from_dict, one_of, positive_float, positive_int
+from poslens._config import finite_number, from_dict, one_of, positive_float, positive_int
 from poslens.errors import CheckpointError, ConfigError
 
 POSENCS = ("ape", "sincos", "rope_axial", "rope_mixed", "rope_axial_ape", "rope_mixed_ape", "relpos",
@@ -33,7 +33,7 @@ def posenc_family(posenc: str) -> str:
 
 
 ROPE_LAYOUTS = ("interleaved", "half")
-ROPE_COORDS = ("index", "centered")
+ROPE_COORDS = ("index", "centered", "rescaled")
 POOLS = ("cls", "mean")
 APE_CODES = ("learned", "rowcol", "cell")
 ROPE_VARIANTS = ("standard", "oblique", "head_split")
@@ -58,7 +58,7 @@ ARCH_FIELDS = {
 # fields added after the first release, with the default that to_dict leaves out
 LATER_FIELDS = {
     "rope_coords": "index", "ape_code": "learned", "rope_variant": "standard", "rope_blocks": "all",
-    "sincos_temperature": 10000.0, **ARCH_FIELDS,
+    "sincos_temperature": 10000.0, **ARCH_FIELDS, "rope_ref_grid": 0, "rope_offset": 0.0,
 }  # fmt: skip
 
 
@@ -88,16 +88,22 @@ class ModelConfig:
     # Plane p rotates channels (2p, 2p+1) ("interleaved") or (p, p + dh/2) ("half").
     rope_layout: str = "interleaved"
     # Rotary coordinates: "index" 0-based patch index; "centered" DINOv3's (2 i + 1) / n - 1 per axis
-    # (in [-1, 1] whatever the grid), with angles 2 pi * coordinate * theta^(-i / (planes per axis)).
+    # (in [-1, 1] whatever the grid), with angles 2 pi * coordinate * theta^(-i / (planes per
+    # axis)); "rescaled" EVA's (index + rope_offset) * rope_ref_grid / n per axis (a grid of any
+    # size spans the reference grid of pretraining: EVA-02, Perception Encoder, SBB RoPE ViTs).
     rope_coords: str = "index"
+    # rotary coordinates "rescaled" (timm ref_feat_shape, rope_grid_offset): the reference grid
+    # side (0 for other coordinates) and the offset added to each 0-based index before rescaling
+    rope_ref_grid: int = 0
+    rope_offset: float = 0.0
     # The additive table of posenc "ape": "learned" (initialised with ape_init_std), or a code
     # planted by construction and frozen, for calibration (METHODS.md, "Calibration"): "rowcol"
     # an additive row + column code (a random vector per row plus one per column), "cell" one
     # random orthogonal direction per grid cell (no row or column structure).
     ape_code: str = "learned"
-    # Rotary calibration variants (see posenc.Rotary), for posenc "rope_axial": "standard",
-    # "oblique" (planes along the diagonals: no row/column split by construction), "head_split"
-    # (each head's planes follow one axis: axis-specialised heads by construction).
+    # Rotary calibration variants (see posenc.Rotary), for axial posencs (rope_axial[_ape]):
+    # "standard", "oblique" (planes along the diagonals: no row/column split by construction),
+    # "head_split" (each head's planes follow one axis: axis-specialised heads by construction).
     rope_variant: str = "standard"
     # Which blocks rotate: "all", or "first_half" (blocks [0, depth // 2); later blocks cannot
     # rebuild position through rotations, by construction).
@@ -152,13 +158,24 @@ class ModelConfig:
         one_of("model.posenc", self.posenc, POSENCS)
         one_of("model.rope_layout", self.rope_layout, ROPE_LAYOUTS)
         one_of("model.rope_coords", self.rope_coords, ROPE_COORDS)
+        positive_int("model.rope_ref_grid", self.rope_ref_grid, allow_zero=True)
+        if isinstance(self.rope_offset, bool) or not isinstance(self.rope_offset, int | float):
+            raise ConfigError(f"model.rope_offset must be a number, got {self.rope_offset!r}")
+        finite_number("model.rope_offset", self.rope_offset)
+        if (self.rope_coords == "rescaled") != (self.rope_ref_grid > 0):
+            raise ConfigError(f"model.rope_ref_grid ({self.rope_ref_grid}) must be positive "
+                              f"exactly when model.rope_coords is 'rescaled', got "
+                              f"{self.rope_coords!r}")  # fmt: skip
+        if self.rope_offset != 0.0 and self.rope_coords != "rescaled":
+            raise ConfigError(f"model.rope_offset needs model.rope_coords 'rescaled', got "
+                              f"{self.rope_coords!r}")  # fmt: skip
         one_of("model.ape_code", self.ape_code, APE_CODES)
         one_of("model.rope_variant", self.rope_variant, ROPE_VARIANTS)
         one_of("model.rope_blocks", self.rope_blocks, ROPE_BLOCKS)
-        if self.rope_variant != "standard" and self.posenc != "rope_axial":
+        if self.rope_variant != "standard" and self.rope_kind != "axial":
             raise ConfigError(
-                f"model.rope_variant {self.rope_variant!r} needs posenc 'rope_axial', got "
-                f"{self.posenc!r}"
+                f"model.rope_variant {self.rope_variant!r} needs posenc 'rope_axial' or "
+                f"'rope_axial_ape', got {self.posenc!r}"
             )
         if self.rope_blocks != "all" and not self.uses_rope:
             raise ConfigError(f"model.rope_blocks needs a rotary posenc, got {self.posenc!r}")

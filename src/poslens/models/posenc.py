@@ -29,12 +29,13 @@ def grid_coords(
 def resample_pos_embed(
     pos: torch.Tensor, old: tuple[int, int], new: tuple[int, int]
 ) -> torch.Tensor:
-    """Bicubically resample a [1, gh*gw, D] absolute embedding to another grid (as timm does)."""
+    """Bicubically resample a [1, gh*gw, D] absolute embedding to another grid, as timm's
+    resample_abs_pos_embed does: antialiased (torch's PIL-like cubic kernel, up and down)."""
     if old == new:
         return pos
     d = pos.shape[-1]
     grid = pos.reshape(1, old[0], old[1], d).permute(0, 3, 1, 2)  # [1, D, gh, gw]
-    grid = F.interpolate(grid.float(), size=new, mode="bicubic", align_corners=False)
+    grid = F.interpolate(grid.float(), size=new, mode="bicubic", align_corners=False, antialias=True)
     return grid.permute(0, 2, 3, 1).reshape(1, new[0] * new[1], d).to(pos.dtype)
 
 
@@ -60,7 +61,8 @@ class Rotary(nn.Module):
     random direction per block and head, planes [0, P/2) along it and [P/2, P) along its
     perpendicular, magnitudes theta^(-i / (P/2)).
     coords "index": (row, col) are 0-based patch indices; "centered" (DINOv3): 2 pi ((2 i + 1) / n - 1)
-    per axis, so the coordinates span the same range on every grid.
+    per axis, so the coordinates span the same range on every grid; "rescaled" (EVA, timm's
+    ref_feat_shape): (index + offset) / n * ref_grid per axis, so any grid spans the reference grid.
 
     Calibration variants of axial (a mechanism planted or removed by construction): "oblique"
     turns every plane by 45 degrees (planes follow the diagonals: no row/column split);
@@ -79,9 +81,12 @@ class Rotary(nn.Module):
         coords: str = "index",
         variant: str = "standard",
         blocks: str = "all",
+        ref_grid: int = 0,
+        offset: float = 0.0,
     ) -> None:
         super().__init__()
         self.kind, self.coords = kind, coords
+        self.ref_grid, self.offset = ref_grid, offset
         half = head_dim // 4  # planes per axis
         mag = theta ** (-torch.arange(half, dtype=torch.float32) / half)  # [P/2]
         if kind == "axial":
@@ -106,6 +111,9 @@ class Rotary(nn.Module):
         if self.coords == "centered":
             row = 2 * math.pi * ((2 * row + 1) / gh - 1)
             col = 2 * math.pi * ((2 * col + 1) / gw - 1)
+        elif self.coords == "rescaled":  # in timm's order of operations (bit-identical tables)
+            row = (row + self.offset) / gh * self.ref_grid
+            col = (col + self.offset) / gw * self.ref_grid
         fx, fy = self.freqs[..., 0], self.freqs[..., 1]  # [depth|1, H|1, P]
         angles = col[:, None] * fx[..., None, :] + row[:, None] * fy[..., None, :]
         if self.block_mask is not None:

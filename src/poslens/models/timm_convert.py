@@ -19,6 +19,9 @@ Conventions mapped (all exact, checked numerically at conversion time for rotary
   "centered"; its row-first planes are moved to poslens' column-first order by permuting the q and
   k channels of every head the same way (q.k unchanged; hook_q / hook_k list channels in that order).
   Register tokens become poslens prefix tokens (CLS, then registers), never rotated, as in timm.
+- EVA-style RotaryEmbeddingCat tables (EVA-02, Perception Encoder, SBB `*_rope_reg*_gap`: offset
+  indices rescaled to a reference grid, row bands first with 'ij') are rope_coords "rescaled",
+  row-first planes permuted the same way (models/timm_eva.py).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from torch import nn
 from poslens._timm import import_timm
 from poslens.errors import ConfigError, UserError
 from poslens.models.config import ModelConfig
+from poslens.models.timm_eva import cat_rotary, channel_order, plane_order, row_first
 from poslens.models.timm_relpos import RELPOS_ARCHS, relpos_tables
 from poslens.models.timm_weights import (
     head_classes,
@@ -103,22 +107,6 @@ def _qkv(attn: nn.Module, dim: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         return w, None
     b = torch.cat([p.bias if p.bias is not None else torch.zeros(dim) for p in projs])
     return w, b
-
-
-def _row_first(tm: nn.Module) -> bool:
-    """True for DINOv3 rotary tables whose first half of planes follows the row ('ij' indexing)."""
-    rope = getattr(tm, "rope", None)
-    return type(rope).__name__ == "RotaryEmbeddingDinoV3" and rope.grid_indexing == "ij"
-
-
-def _half_plane_order(head_dim: int) -> torch.Tensor:
-    """Channel order [dh] moving row-first planes to poslens' column-first order, "half" layout.
-
-    Plane p rotates channels (p, p + dh/2); our plane p is their plane (p + P/2) mod P.
-    """
-    P, nb = head_dim // 2, head_dim // 4
-    planes = (torch.arange(P) + nb) % P
-    return torch.cat([planes, planes + P])
 
 
 def _permute_qk(
@@ -228,8 +216,11 @@ def _check_block(block: nn.Module, name: str) -> None:
         raise _unsupported(name, "MLP without biases")
 
 
-def _rotary(tm: nn.Module, name: str, head_dim: int) -> tuple[str, float, torch.Tensor | None]:
-    """(kind, theta, mixed freqs [depth, H, P, 2] or None) of a timm rotary embedding."""
+def _rotary(
+    tm: nn.Module, name: str, head_dim: int
+) -> tuple[str, float, torch.Tensor | None, dict[str, Any]]:
+    """(kind, theta, mixed freqs [depth, H, P, 2] or None, the rope_coords fields) of a timm
+    rotary embedding."""
     rope = tm.rope
     kind = type(rope).__name__
     if kind == "RotaryEmbeddingDinoV3":
@@ -239,20 +230,15 @@ def _rotary(tm: nn.Module, name: str, head_dim: int) -> tuple[str, float, torch.
             raise _unsupported(name, "DINOv3 rotary embedding with non-default coordinates")
         if not rope.rotate_half or rope.grid_indexing not in ("ij", "xy"):
             raise _unsupported(name, "DINOv3 rotary embedding in interleaved layout")
-        return "axial", float(rope.temperature), None
-    if kind == "RotaryEmbeddingCat":
-        if rope.in_pixels or rope.grid_type != "index" or rope.ref_feat_shape is not None:
-            raise _unsupported(name, "rotary embedding on pixel / rescaled coordinates")
-        if rope.grid_offset != 0 or rope.rotate_half or rope.dim != head_dim:
-            raise _unsupported(name, "rotary embedding with offset, half layout or partial dims")
-        if rope.grid_indexing != "xy":
-            raise _unsupported(name, "axial rotary embedding with row bands first ('ij')")
-        return "axial", float(rope.temperature), None
+        return "axial", float(rope.temperature), None, {"rope_coords": "centered"}
+    if kind == "RotaryEmbeddingCat":  # naver, EVA-02, PE, SBB (timm_eva)
+        theta, fields = cat_rotary(rope, name, head_dim)
+        return "axial", theta, None, fields
     if kind == "RotaryEmbeddingMixed":
         freqs = rope.freqs.detach()  # [2, depth, H, P]: freqs[0] multiplies t_x, freqs[1] t_y
         if rope.grid_indexing == "ij":  # t_x is then the row coordinate
             freqs = freqs.flip(0)
-        return "mixed", float(rope.temperature), freqs.permute(1, 2, 3, 0).contiguous()
+        return "mixed", float(rope.temperature), freqs.permute(1, 2, 3, 0).contiguous(), {}
     raise _unsupported(name, f"rotary embedding {kind}")
 
 
@@ -310,6 +296,7 @@ def convert(tm: nn.Module, name: str) -> tuple[ModelConfig, dict[str, torch.Tens
     rope = getattr(tm, "rope", None)
     mixed_freqs = None
     theta = ModelConfig.rope_theta
+    coord_fields: dict[str, Any] = {}
     grid = _square(pe.grid_size, "patch grid", name)
     rel_tables = relpos_tables(tm, name, grid, num_prefix)  # BEiT / relpos ViT
     pos_embed = getattr(tm, "pos_embed", None)
@@ -320,7 +307,7 @@ def convert(tm: nn.Module, name: str) -> tuple[ModelConfig, dict[str, torch.Tens
     elif rope is None:
         posenc = "ape" if pos_embed is not None else "none"
     else:
-        kind, theta, mixed_freqs = _rotary(tm, name, dim // heads)
+        kind, theta, mixed_freqs, coord_fields = _rotary(tm, name, dim // heads)
         posenc = f"rope_{kind}" + ("_ape" if pos_embed is not None else "")
     try:
         cfg = ModelConfig(
@@ -335,7 +322,7 @@ def convert(tm: nn.Module, name: str) -> tuple[ModelConfig, dict[str, torch.Tens
             posenc=posenc,
             rope_theta=theta,
             rope_layout="half" if getattr(rope, "rotate_half", False) else "interleaved",
-            rope_coords="centered" if type(rope).__name__ == "RotaryEmbeddingDinoV3" else "index",
+            **coord_fields,
             cls_token=has_cls,
             num_registers=num_registers,
             pool=pool,
@@ -384,8 +371,9 @@ def convert(tm: nn.Module, name: str) -> tuple[ModelConfig, dict[str, torch.Tens
     for i, b in enumerate(blocks):
         p = f"blocks.{i}."
         qkv_w, qkv_b = _qkv(b.attn, dim)
-        if _row_first(tm):
-            qkv_w, qkv_b = _permute_qk(qkv_w, qkv_b, heads, _half_plane_order(cfg.head_dim))
+        if row_first(tm):
+            order = channel_order(cfg.head_dim, cfg.rope_layout)
+            qkv_w, qkv_b = _permute_qk(qkv_w, qkv_b, heads, order)
         sd[p + "attn.qkv.weight"] = qkv_w
         if rel_tables is not None:
             sd[p + "attn.rel_pos.table"] = rel_tables[i]
@@ -428,8 +416,8 @@ def check_rotary(model: ViT, tm: nn.Module, name: str) -> None:
         sin, cos = sin[..., :P], cos[..., :P]
     else:  # interleaved: plane p at channels 2p, 2p + 1
         sin, cos = sin[..., ::2], cos[..., ::2]  # [N, P] or [depth, H, N, P]
-    if _row_first(tm):
-        order = _half_plane_order(model.cfg.head_dim)[:P]
+    if row_first(tm):
+        order = plane_order(model.cfg.head_dim)
         sin, cos = sin[..., order], cos[..., order]
     if sin.ndim == 2:
         sin, cos = sin[None, None], cos[None, None]

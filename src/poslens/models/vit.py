@@ -214,6 +214,8 @@ class ViT(HookedModule):
                 cfg.rope_coords,
                 cfg.rope_variant,
                 cfg.rope_blocks,
+                cfg.rope_ref_grid,
+                cfg.rope_offset,
             )
             if cfg.uses_rope
             else None
