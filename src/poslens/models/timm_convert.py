@@ -288,7 +288,8 @@ def convert(tm: nn.Module, name: str) -> tuple[ModelConfig, dict[str, torch.Tens
             eps |= {_layer_norm_eps(norm, name, f"blocks.{i}.{where}")}
     if len(eps) != 1:
         raise _unsupported(name, f"LayerNorms with different eps {sorted(eps)}")
-    reg = tm.dist_token if distilled else getattr(tm, "reg_token", None)  # DeiT's distillation token: register 0
+    # DeiT's distillation token is register 0; BEiT and relpos ViTs have no registers
+    reg = tm.dist_token if distilled else getattr(tm, "reg_token", None)
     num_registers = 0 if reg is None else int(reg.shape[1])
     has_cls = tm.cls_token is not None
     num_prefix = int(has_cls) + num_registers
@@ -297,8 +298,7 @@ def convert(tm: nn.Module, name: str) -> tuple[ModelConfig, dict[str, torch.Tens
     mixed_freqs = None
     theta = ModelConfig.rope_theta
     coord_fields: dict[str, Any] = {}
-    grid = _square(pe.grid_size, "patch grid", name)
-    rel_tables = relpos_tables(tm, name, grid, num_prefix)  # BEiT / relpos ViT
+    rel_tables = relpos_tables(tm, name, num_prefix)  # BEiT / relpos ViT: one table per block
     pos_embed = getattr(tm, "pos_embed", None)
     if rel_tables is not None and (rope is not None or pos_embed is not None):
         raise _unsupported(name, "relative position bias with an absolute or rotary encoding")

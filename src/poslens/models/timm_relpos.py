@@ -50,13 +50,16 @@ def _block_biases(tm: nn.Module) -> list[torch.Tensor | None]:
     return [shared if o is None else o + shared for o in own]
 
 
-def relpos_tables(
-    tm: nn.Module, name: str, grid: int, num_prefix: int
-) -> list[torch.Tensor] | None:
-    """Per-block tables [R, H] of a BEiT / relpos ViT (None when it has no relative bias);
-    UserError naming what is missing when a bias is not a function of the 2-D offset."""
+def relpos_tables(tm: nn.Module, name: str, num_prefix: int) -> list[torch.Tensor] | None:
+    """Per-block tables [R, H] of a BEiT / relpos ViT on its patch grid (None when it has no
+    relative bias); UserError naming what is missing when a bias is not a function of the 2-D
+    offset."""
     if type(tm).__name__ not in RELPOS_ARCHS:
         return None
+    gh, grid = (int(n) for n in tm.patch_embed.grid_size)
+    if gh != grid:
+        raise UserError(f"timm:{name} is not supported: relative bias on a non-square "
+                        f"{gh}x{grid} grid")  # fmt: skip
     biases = _block_biases(tm)
     if all(b is None for b in biases):
         return None
