@@ -37,10 +37,12 @@ SETTINGS = {  # small but complete: every condition a rule compares with is run
 
 def models() -> dict[str, ViT]:
     """One untrained model per family: APE with a planted row + column code (so the SAE finds
-    row and column latents), axial RoPE with four heads of 4 planes per axis."""
+    row and column latents), axial RoPE with four heads of 4 planes per axis, and a relative
+    position bias (relpos: the rules of family "any" read it)."""
     return {
         "ape": tiny("ape", num_classes=16, ape_code="rowcol", ape_init_std=1.0),
         "rope_axial": tiny("rope_axial", num_classes=16, dim=64, heads=4, depth=3),
+        "relpos": tiny("relpos", num_classes=16),
     }
 
 

@@ -47,7 +47,7 @@ def _same_readout(a: Readout, b: Readout) -> None:
     np.testing.assert_allclose(a.probes.test_acc, b.probes.test_acc, atol=1e-9)
 
 
-@pytest.mark.parametrize("posenc", ["rope_axial", "rope_mixed", "ape", "rope_axial_ape"])
+@pytest.mark.parametrize("posenc", ["rope_axial", "rope_mixed", "ape", "rope_axial_ape", "relpos"])
 def test_floor_equals_the_model_without_position(task: Task, posenc: str) -> None:
     m = model(posenc)
     none = model("none")

@@ -63,7 +63,7 @@ def test_oblique_edit_turns_every_plane_off_the_axes_and_keeps_its_pre_edit_axis
     torch.testing.assert_close(ins._freqs(m), ins._freqs(tiny("rope_axial", rope_variant="oblique")))
 
 
-@pytest.mark.parametrize("posenc", ["ape", "rope_axial"])
+@pytest.mark.parametrize("posenc", ["ape", "rope_axial", "relpos"])
 def test_position_shuffled_permutes_the_position_signal_across_positions(posenc: str) -> None:
     m = tiny(posenc)
     s = ins.edited(m, "position_shuffled")
@@ -71,6 +71,13 @@ def test_position_shuffled_permutes_the_position_signal_across_positions(posenc:
     assert not torch.equal(perm, torch.arange(len(perm)))
     if posenc == "ape":
         torch.testing.assert_close(s.pos_embed, m.pos_embed[:, perm])
+    elif posenc == "relpos":  # the patch offsets' biases permuted, the prefix entries kept
+        n = (2 * m.cfg.grid - 1) ** 2
+        offsets = seeded_permutation(n, ins.SHUFFLE_SEED)
+        for ours, theirs in zip(s.blocks, m.blocks, strict=True):
+            table, orig = ours.attn.rel_pos.table, theirs.attn.rel_pos.table
+            torch.testing.assert_close(table[:n], orig[:n][offsets])
+            torch.testing.assert_close(table[n:], orig[n:])
     else:
         g = m.cfg.grid
         torch.testing.assert_close(s.rotary(g, g), m.rotary(g, g)[..., perm, :])
@@ -78,7 +85,8 @@ def test_position_shuffled_permutes_the_position_signal_across_positions(posenc:
 
 def test_in_situ_restores_the_model_exactly_even_on_error(images: torch.Tensor) -> None:
     for posenc, name in (("ape", "table_cell"), ("rope_axial", "freqs_oblique"),
-                         ("rope_mixed", "heads_axis_split"), ("rope_axial", "position_shuffled")):  # fmt: skip
+                         ("rope_mixed", "heads_axis_split"), ("rope_axial", "position_shuffled"),
+                         ("relpos", "position_shuffled")):  # fmt: skip
         m = tiny(posenc)
         before = m(images)
         with ins.in_situ(m, name) as e:

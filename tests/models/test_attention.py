@@ -72,7 +72,7 @@ def loss_and_grads(model: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tenso
     return logits.detach(), [p.grad.clone() for p in model.parameters()]
 
 
-@pytest.mark.parametrize("posenc", ["ape", "rope_axial", "rope_mixed"])
+@pytest.mark.parametrize("posenc", ["ape", "rope_axial", "rope_mixed", "relpos"])
 def test_vit_training_step_through_slices_equals_the_hooked_whole_batch_path(
     monkeypatch: pytest.MonkeyPatch, posenc: str
 ) -> None:
@@ -94,7 +94,7 @@ def test_vit_training_step_through_slices_equals_the_hooked_whole_batch_path(
         torch.testing.assert_close(g, h, atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("posenc", ["ape", "rope_axial"])
+@pytest.mark.parametrize("posenc", ["ape", "rope_axial", "relpos"])
 def test_ensemble_training_step_through_slices_equals_the_whole_batch(
     monkeypatch: pytest.MonkeyPatch, posenc: str
 ) -> None:
@@ -120,8 +120,9 @@ def attention_queries(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 @pytest.mark.parametrize(
     ("posenc", "kw"),
-    [("ape", {}), ("rope_axial", {}), ("rope_mixed", {}), ("rope_axial", {"num_registers": 2})],
-)
+    [("ape", {}), ("rope_axial", {}), ("rope_mixed", {}), ("rope_axial", {"num_registers": 2}),
+     ("relpos", {"num_registers": 1})],
+)  # fmt: skip
 def test_cls_exit_equals_the_whole_last_block(
     monkeypatch: pytest.MonkeyPatch, posenc: str, kw: dict[str, int]
 ) -> None:

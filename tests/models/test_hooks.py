@@ -187,7 +187,7 @@ def test_the_hook_vocabulary_names_real_hook_points() -> None:
     from poslens.models import hooks as h
 
     pieces = dict(attn_sub_norm=True, mlp_sub_norm=True, fc_norm=True)
-    for posenc, kw in (("rope_axial", {}), ("ape", {}), ("ape", pieces)):
+    for posenc, kw in (("rope_axial", {}), ("ape", {}), ("ape", pieces), ("relpos", {})):
         m = tiny(posenc, **kw)
         names = set(m.hook_names())
         built = [h.EMBED, h.FINAL_NORM] + ([h.POS_EMBED] if posenc == "ape" else [])
@@ -197,7 +197,10 @@ def test_the_hook_vocabulary_names_real_hook_points() -> None:
             built += [h.resid_pre(b), h.resid_mid(b), h.resid_post(b), h.normalized(b, "ln1"),
                       h.normalized(b, "ln2"), h.block_out(b, "attn"), h.block_out(b, "mlp")]  # fmt: skip
             built += [
-                h.attn(b, n) for n in h.ATTN_HOOKS if posenc == "rope_axial" or "rot" not in n
+                h.attn(b, n)
+                for n in h.ATTN_HOOKS
+                if (posenc == "rope_axial" or "rot" not in n)
+                and (posenc == "relpos" or n != "rel_bias")
             ]
             assert h.block_of(h.resid_pre(b)) == h.block_of(h.attn(b, "pattern")) == b
             assert h.norm_of(h.normalized(b, "ln2")) == "ln2"

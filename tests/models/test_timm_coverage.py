@@ -24,7 +24,7 @@ SAMPLE = 6
 SIZES = ("test", "tiny", "xsmall", "small", "wee", "pwee", "little", "medium", "betwixt", "base")
 # families whose smallest architecture poslens converts (a regression fails here)
 CONVERTED = {"ViT", "DeiT", "CLIP", "DINOv2", "DINOv3", "RoPE ViT", "ViT (GAP)", "FlexiViT",
-             "EVA-02", "SigLIP", "Perception Encoder"}  # fmt: skip
+             "EVA-02", "SigLIP", "Perception Encoder", "BEiT", "relpos ViT"}  # fmt: skip
 
 
 def size_rank(name: str) -> int:

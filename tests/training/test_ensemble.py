@@ -50,7 +50,9 @@ def max_diff(a: Path, b: Path, name: str = "model.safetensors") -> float:
     return max(float((ta[k] - tb[k]).abs().max()) for k in ta)
 
 
-@pytest.mark.parametrize(("posenc", "seeds"), [("rope_mixed", [0, 1, 2]), ("ape", [3, 7])])
+@pytest.mark.parametrize(
+    ("posenc", "seeds"), [("rope_mixed", [0, 1, 2]), ("ape", [3, 7]), ("relpos", [0, 1])]
+)
 def test_members_equal_separate_runs(tmp_path: Path, posenc: str, seeds: list[int]) -> None:
     cfgs = [run_cfg(posenc, s) for s in seeds]
     outs = [tmp_path / f"ens{s}" for s in seeds]

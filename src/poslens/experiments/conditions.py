@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from poslens.interventions import ape_zero, rotary_mask
+from poslens.interventions import ape_zero, rel_bias_zero, rotary_mask
 from poslens.interventions.rotary import num_planes
 from poslens.models.vit import ViT
 
@@ -36,8 +36,11 @@ def combine(*conditions: Condition) -> Condition:
 
 def floor_condition(model: ViT) -> Condition:
     """Every positional signal removed: rotations off in all blocks and/or the added embedding
-    zeroed. For a model without position (posenc='none') this is the model itself."""
+    zeroed, or the relative bias zeroed in all blocks (relpos). For a model without position
+    (posenc='none') this is the model itself."""
     parts: list[Condition] = []
+    if model.cfg.uses_relpos:
+        parts.append(rel_bias_zero)
     if model.cfg.uses_rope:
         parts.append(lambda m: rotary_mask(m))
     if model.cfg.uses_additive_pos:

@@ -9,6 +9,7 @@ from poslens.interventions.position import (
     ape_permute,
     ape_table_part,
     ape_zero,
+    rel_bias_zero,
     rpi,
     seeded_permutation,
 )
@@ -26,6 +27,7 @@ __all__ = [
     "num_planes",
     "patch",
     "plane_mask",
+    "rel_bias_zero",
     "rotary_mask",
     "rpi",
     "seeded_permutation",

@@ -121,6 +121,13 @@ def _shuffled(model: ViT) -> None:
             model.pos_embed.copy_(model.pos_embed[:, perm])
     if model.rotary is not None:
         model.rotary.shuffle_seed = SHUFFLE_SEED
+    if cfg.uses_relpos:  # the biases of the patch offsets permuted among the offsets
+        n = (2 * cfg.grid - 1) ** 2
+        offsets = seeded_permutation(n, SHUFFLE_SEED)
+        with torch.no_grad():
+            for block in model.blocks:
+                table = block.attn.rel_pos.table
+                table[:n] = table[:n][offsets].clone()
 
 
 def _needs_images(model: ViT) -> None:
@@ -169,9 +176,9 @@ _EDITS = (
     Edit(
         "position_shuffled",
         NEGATIVE,
-        "the position signal permuted across positions (the table's rows or the rotations' "
-        "tokens): present, not where the model reads it",
-        lambda c: c.has_pos_table or c.uses_rope,
+        "the position signal permuted across positions (the table's rows, the rotations' "
+        "tokens or the relative bias's offsets): present, not where the model reads it",
+        lambda c: c.has_pos_table or c.uses_rope or c.uses_relpos,
         _shuffled,
     ),
     Edit(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 
@@ -32,6 +32,33 @@ def ape_zero(model: ViT) -> Iterator[None]:
     """Remove the additive position embedding (APE or sincos): the patches get no position."""
     _require_additive(model)
     with model.hooks([(hooks.POS_EMBED, lambda pos, _n: torch.zeros_like(pos))]):
+        yield
+
+
+@contextlib.contextmanager
+def rel_bias_zero(
+    model: ViT, blocks: Iterable[int] | None = None, heads: Iterable[int] | None = None
+) -> Iterator[None]:
+    """Remove the relative position bias (posenc "relpos") from the attention scores of
+    `blocks` (default all), of `heads` there (default all): they then attend without position."""
+    if not model.cfg.uses_relpos:
+        raise UserError(f"model has no relative position bias (posenc={model.cfg.posenc!r})")
+    chosen = range(model.cfg.depth) if blocks is None else [int(b) for b in blocks]
+    bad = [b for b in chosen if not 0 <= b < model.cfg.depth]
+    if bad:
+        raise UserError(f"block {bad[0]} is out of range for a {model.cfg.depth}-block model")
+    hs = None if heads is None else [int(h) for h in heads]
+    if hs is not None and any(not 0 <= h < model.cfg.heads for h in hs):
+        raise UserError(f"heads {hs} are out of range for {model.cfg.heads} heads")
+
+    def zero(bias: torch.Tensor, _n: str) -> torch.Tensor:  # bias [H, T, T]
+        if hs is None:
+            return torch.zeros_like(bias)
+        keep = torch.ones(bias.shape[0], 1, 1, dtype=bias.dtype, device=bias.device)
+        keep[hs] = 0
+        return bias * keep
+
+    with model.hooks([(hooks.attn(b, "rel_bias"), zero) for b in chosen]):
         yield
 
 

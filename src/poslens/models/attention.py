@@ -25,6 +25,8 @@ instead; its bf16 backward is 2.5-6x slower (docs/benchmarks.md), so never under
 
 from __future__ import annotations
 
+from itertools import repeat
+
 import torch
 import torch.nn.functional as F
 
@@ -44,25 +46,35 @@ def slice_rows(n: int, heads: int, tq: int, t: int, budget: int | None = None) -
 
 
 def softmax_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """softmax(q k^T * scale) v over the last two dims: fused where fused_trains_faster, else
-    sliced_attention; q [N, H, Tq, dh], k, v [N, H, T, dh] -> z [N, H, Tq, dh]."""
+    """softmax(q k^T * scale + bias) v over the last two dims: fused where fused_trains_faster,
+    else sliced_attention; q [N, H, Tq, dh], k, v [N, H, T, dh] -> z [N, H, Tq, dh]; bias (a
+    relative position bias) [H, Tq, T] or [N, H, Tq, T]."""
     if fused_trains_faster(q, k):
-        return F.scaled_dot_product_attention(q, k, v, scale=scale)
-    return sliced_attention(q, k, v, scale)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
+    return sliced_attention(q, k, v, scale, bias)
 
 
 def sliced_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The written-out formula in batch slices of SLICE_BYTES of scores (shapes as above)."""
     N, H, Tq, _ = q.shape
     rows = slice_rows(N, H, Tq, k.shape[2])
     if rows >= N or torch.compiler.is_compiling():  # inductor fuses the whole batch itself
-        return _attend(q, k, v, scale)
+        return _attend(q, k, v, scale, bias)
     parts = zip(q.split(rows), k.split(rows), v.split(rows), strict=True)
-    return torch.cat([_attend(qs, ks, vs, scale) for qs, ks, vs in parts])
+    biases = bias.split(rows) if bias is not None and bias.ndim == 4 else repeat(bias)
+    return torch.cat([_attend(*p, scale, b) for p, b in zip(parts, biases, strict=False)])
 
 
 def fused_trains_faster(q: torch.Tensor, k: torch.Tensor) -> bool:
@@ -76,9 +88,13 @@ def fused_trains_faster(q: torch.Tensor, k: torch.Tensor) -> bool:
     )
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+def _attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, bias: torch.Tensor | None
+) -> torch.Tensor:
     """The written-out attention on one slice (the formula of the ViT's hooked path)."""
     scores = (q * scale) @ k.transpose(-2, -1)  # [n, H, Tq, T]
+    if bias is not None:
+        scores = scores + bias
     return scores.softmax(dim=-1) @ v
 
 

@@ -10,20 +10,25 @@ from typing import Any
 from poslens._config import finite_number, from_dict, one_of, positive_float, positive_int
 from poslens.errors import CheckpointError, ConfigError
 
-POSENCS = ("ape", "sincos", "rope_axial", "rope_mixed", "rope_axial_ape", "rope_mixed_ape", "none")
+POSENCS = ("ape", "sincos", "rope_axial", "rope_mixed", "rope_axial_ape", "rope_mixed_ape", "relpos",
+           "none")  # fmt: skip
 # What each encoding is made of; every check of an encoding reads these (never the name's text).
 POS_TABLE = ("ape", "rope_axial_ape", "rope_mixed_ape")  # a learned table added to the patches
 ADDITIVE = (*POS_TABLE, "sincos")  # a position vector added to the patches (learned or fixed)
 ROPE_KIND = {"rope_axial": "axial", "rope_axial_ape": "axial",
              "rope_mixed": "mixed", "rope_mixed_ape": "mixed"}  # fmt: skip
-FAMILIES = ("rotary", "additive", "none")
+RELATIVE = ("relpos",)  # a learned per-head bias over 2-D offsets on the scores (models/relpos.py)
+FAMILIES = ("rotary", "additive", "relative", "none")
 
 
 def posenc_family(posenc: str) -> str:
     """How an encoding gives position: "rotary" (rotations, with or without a table),
-    "additive" (an added vector alone: APE, sincos) or "none". The claims' families."""
+    "additive" (an added vector alone: APE, sincos), "relative" (a bias on the attention
+    scores over 2-D offsets) or "none". The claims' families."""
     if posenc in ROPE_KIND:
         return "rotary"
+    if posenc in RELATIVE:
+        return "relative"
     return "additive" if posenc in ADDITIVE else "none"
 
 
@@ -266,6 +271,11 @@ class ModelConfig:
     @property
     def uses_rope(self) -> bool:
         return self.rope_kind is not None
+
+    @property
+    def uses_relpos(self) -> bool:
+        """True when every block adds a relative position bias to its attention scores."""
+        return self.posenc in RELATIVE
 
     @property
     def has_pos_table(self) -> bool:

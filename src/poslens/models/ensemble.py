@@ -26,6 +26,7 @@ from poslens.models.posenc import (
     sincos_2d,
     token_major_tables,
 )
+from poslens.models.relpos import rel_pos_index
 from poslens.models.vit import ViT
 
 
@@ -160,12 +161,25 @@ class StackedViT(nn.Module):
             k, v = heads
         else:
             q, k, v = heads
-        if x.is_cuda or not torch.is_grad_enabled():
-            z = F.scaled_dot_product_attention(q, k, v)  # as the ViT: fused where it pays
+        bias = self.rel_bias(i, B, 1 if cls_only else T, q.dtype)  # [S*B, H, T|1, T] or None
+        if x.is_cuda or not torch.is_grad_enabled():  # as the ViT: fused where it pays
+            z = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
         else:  # the ViT's CPU training kernel: scores [S*B, H, T|1, T] in cache-sized slices
-            z = softmax_attention(q, k, v, dh**-0.5)
+            z = softmax_attention(q, k, v, dh**-0.5, bias)
         z = z.transpose(1, 2).reshape(S, B, q.shape[2], D)
         return self.linear(z, f"blocks.{i}.attn.proj")
+
+    def rel_bias(self, i: int, B: int, tq: int, dtype: torch.dtype) -> torch.Tensor | None:
+        """Block i's relative position bias per member, repeated over the batch [S*B, H, tq, T]
+        (the first tq queries); None without posenc "relpos"."""
+        name = f"blocks.{i}.attn.rel_pos.table"
+        if name not in self.names:
+            return None
+        cfg, table = self.cfg, self.stacked(name)  # [S, R, H]
+        index = rel_pos_index(cfg.grid, cfg.grid, cfg.grid, cfg.num_prefix, table.device)
+        bias = table[:, index[:tq].reshape(-1)].view(self.size, tq, -1, cfg.heads)
+        bias = bias.permute(0, 3, 1, 2).to(dtype)  # [S, H, tq, T]
+        return bias[:, None].expand(-1, B, -1, -1, -1).flatten(0, 1)
 
     def block(
         self, h: torch.Tensor, i: int, table: torch.Tensor | None, cls_only: bool = False

@@ -30,7 +30,9 @@ FC_NORM = "fc_norm.hook_normalized"  # [B, D] the pooled vector after fc_norm, e
 # the MAP pool (model.pool "map"): the latent's attention [B, H, 1, T] over the tokens it pools
 # (the patches, or every token with pool_prefix), and its output [B, D], before any fc_norm
 POOL_PATTERN, POOLED = "attn_pool.hook_pattern", "attn_pool.hook_pooled"
-ATTN_HOOKS = ("q", "k", "v", "rotary", "rot_q", "rot_k", "attn_scores", "pattern", "z", "result")
+ATTN_HOOKS = ("q", "k", "v", "rotary", "rot_q", "rot_k", "rel_bias", "attn_scores", "pattern", "z",
+              "result")  # fmt: skip
+# rel_bias: [H, T, T] the relative position bias added to the scores (posenc "relpos")
 
 
 def resid_pre(b: int) -> str:

@@ -44,6 +44,7 @@ from poslens.models.timm_map import (
     norm_kind_eps,
     norm_state,
 )
+from poslens.models.timm_relpos import RELPOS_ARCHS, relpos_tables
 from poslens.models.timm_weights import (
     head_classes,
     load_timm_weights,
@@ -198,10 +199,10 @@ def _block_norms(block: nn.Module) -> dict[str, nn.Module]:
 def _check_block(block: nn.Module, name: str) -> None:
     """Refuse block features poslens' Block cannot reproduce (gating, grouped queries, ...)."""
     kind = type(block).__name__
-    if kind not in ("Block", "EvaBlock"):
+    if kind not in ("Block", "EvaBlock", "RelPosBlock"):
         raise _unsupported(name, f"block type {kind} (poslens has pre-norm Block / EvaBlock)")
     attn, mlp = block.attn, block.mlp
-    if type(attn).__name__ not in ("Attention", "AttentionRope", "EvaAttention"):
+    if type(attn).__name__ not in ("Attention", "AttentionRope", "EvaAttention", "RelPosAttention"):
         raise _unsupported(name, f"attention type {type(attn).__name__}")
     if _is_identity(getattr(attn, "q_norm", None)) != _is_identity(getattr(attn, "k_norm", None)):
         raise _unsupported(name, "attention with a norm on q or k alone")
@@ -244,8 +245,9 @@ def convert(tm: nn.Module, name: str) -> tuple[ModelConfig, dict[str, torch.Tens
     """ModelConfig and poslens state dict reproducing a timm VisionTransformer / Eva in eval mode."""
     arch = type(tm).__name__
     distilled = arch == "VisionTransformerDistilled"
-    if arch not in ("VisionTransformer", "Eva") and not distilled:
-        raise _unsupported(name, f"architecture {arch} (poslens converts VisionTransformer, Eva)")
+    if arch not in ("VisionTransformer", "Eva", *RELPOS_ARCHS) and not distilled:
+        raise _unsupported(name, f"architecture {arch} (poslens converts VisionTransformer, Eva, "
+                           "Beit, VisionTransformerRelPos)")  # fmt: skip
     pe = tm.patch_embed
     if getattr(pe, "dynamic_img_pad", False):
         raise _unsupported(name, "patch embedding with padding")
@@ -270,7 +272,7 @@ def convert(tm: nn.Module, name: str) -> tuple[ModelConfig, dict[str, torch.Tens
     b0 = blocks[0]
     dim = int(tm.embed_dim)
     heads = int(b0.attn.num_heads)
-    if b0.attn.head_dim * heads != dim:
+    if _qkv(b0.attn, dim)[0].shape[0] != 3 * dim:  # BEiT's attention may set its own head dim
         raise _unsupported(name, "attention head dimension other than dim / heads")
     hidden = _hidden(b0.mlp)
     timm_names = {"patch_norm": "patch_embed.norm", "ln_final": "norm"}
@@ -293,7 +295,8 @@ def convert(tm: nn.Module, name: str) -> tuple[ModelConfig, dict[str, torch.Tens
     eps = {e for _, e in kinds}
     if len(eps) != 1:
         raise _unsupported(name, f"LayerNorms with different eps {sorted(eps)}")
-    reg = tm.dist_token if distilled else tm.reg_token  # DeiT's distillation token: register 0
+    # DeiT's distillation token is register 0; BEiT and relpos ViTs have no registers
+    reg = tm.dist_token if distilled else getattr(tm, "reg_token", None)
     num_registers = 0 if reg is None else int(reg.shape[1])
     has_cls = tm.cls_token is not None
     num_prefix = int(has_cls) + num_registers
@@ -302,11 +305,17 @@ def convert(tm: nn.Module, name: str) -> tuple[ModelConfig, dict[str, torch.Tens
     mixed_freqs = None
     theta = ModelConfig.rope_theta
     coord_fields: dict[str, Any] = {}
-    if rope is None:
-        posenc = "ape" if tm.pos_embed is not None else "none"
+    rel_tables = relpos_tables(tm, name, num_prefix)  # BEiT / relpos ViT: one table per block
+    pos_embed = getattr(tm, "pos_embed", None)
+    if rel_tables is not None and (rope is not None or pos_embed is not None):
+        raise _unsupported(name, "relative position bias with an absolute or rotary encoding")
+    if rel_tables is not None:
+        posenc = "relpos"
+    elif rope is None:
+        posenc = "ape" if pos_embed is not None else "none"
     else:
         kind, theta, mixed_freqs, coord_fields = _rotary(tm, name, dim // heads)
-        posenc = f"rope_{kind}" + ("_ape" if tm.pos_embed is not None else "")
+        posenc = f"rope_{kind}" + ("_ape" if pos_embed is not None else "")
     try:
         cfg = ModelConfig(
             image_size=_square(pe.img_size, "image size", name),
@@ -350,10 +359,10 @@ def convert(tm: nn.Module, name: str) -> tuple[ModelConfig, dict[str, torch.Tens
     sd["patch_embed.bias"] = pe.proj.bias if pe.proj.bias is not None else w.new_zeros(dim)
     prefix = [t for t in (tm.cls_token, reg) if t is not None]
     prefix_t = torch.cat(prefix, dim=1) if prefix else None  # [1, num_prefix, D]
-    if tm.pos_embed is not None:
-        pos = tm.pos_embed  # [1, (num_prefix if embedded) + N, D]
+    if pos_embed is not None:
+        pos = pos_embed  # [1, (num_prefix if embedded) + N, D]
         n_patch = cfg.grid**2
-        if pos.shape[1] == n_patch + num_prefix and num_prefix and not tm.no_embed_class:
+        if pos.shape[1] == n_patch + num_prefix and num_prefix and not getattr(tm, "no_embed_class", False):
             assert prefix_t is not None
             prefix_t = prefix_t + pos[:, :num_prefix]  # constant per prefix token: fold it in
             pos = pos[:, num_prefix:]
@@ -375,6 +384,8 @@ def convert(tm: nn.Module, name: str) -> tuple[ModelConfig, dict[str, torch.Tens
             order = channel_order(cfg.head_dim, cfg.rope_layout)
             qkv_w, qkv_b = _permute_qk(qkv_w, qkv_b, heads, order)
         sd[p + "attn.qkv.weight"] = qkv_w
+        if rel_tables is not None:
+            sd[p + "attn.rel_pos.table"] = rel_tables[i]
         if qkv_b is not None:
             sd[p + "attn.qkv.bias"] = qkv_b
         for ours, theirs, branch in (("attn.proj", b.attn.proj, 1), ("mlp.fc2", b.mlp.fc2, 2)):

@@ -32,6 +32,7 @@ from poslens.models.posenc import (
     sincos_2d,
     token_major_tables,
 )
+from poslens.models.relpos import RelPosBias, rel_pos_index
 
 
 class Attention(nn.Module):
@@ -51,6 +52,7 @@ class Attention(nn.Module):
         eps: float = 1e-6,
         proj_bias: bool = True,
         norm: str = "layer",
+        rel_pos: RelPosBias | None = None,
     ) -> None:
         super().__init__()
         self.heads, self.head_dim = heads, dim // heads
@@ -64,6 +66,9 @@ class Attention(nn.Module):
         if rope_layout is not None:
             self.hook_rotary = HookPoint()  # [2, H, T, P]; rewrite it to mask planes
             self.hook_rot_q, self.hook_rot_k = HookPoint(), HookPoint()
+        self.rel_pos = rel_pos  # the table of posenc "relpos" (models/relpos.py)
+        if rel_pos is not None:
+            self.hook_rel_bias = HookPoint()  # [H, T, T] added to the scores; zero it to remove
         self.hook_attn_scores = HookPoint()  # [B, H, T, T] scaled logits, before softmax
         self.hook_pattern = HookPoint()  # [B, H, T, T]
         self.hook_z = HookPoint()  # [B, H, T, dh] per-head mix of values
@@ -73,10 +78,15 @@ class Attention(nn.Module):
         self.hook_result = HookPoint()
 
     def forward(
-        self, x: torch.Tensor, rotary: torch.Tensor | None, first_query: bool = False
+        self,
+        x: torch.Tensor,
+        rotary: torch.Tensor | None,
+        first_query: bool = False,
+        rel_index: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """x [B, T, D] -> [B, T, D]; first_query: [B, 1, D], the first token's output alone (its
-        query against every key; the other queries are left out, so no hook may be active)."""
+        query against every key; the other queries are left out, so no hook may be active);
+        rel_index [T, T]: where each query-key pair reads the relative bias table (relpos)."""
         B, T, D = x.shape
         qkv = self.qkv(x).reshape(B, T, 3, self.heads, self.head_dim)  # token-major
         rope = self.rope_layout is not None and rotary is not None
@@ -99,20 +109,25 @@ class Attention(nn.Module):
                 cos, sin = channel_tables(self.hook_rotary(rotary), self.rope_layout, q.dtype)
                 q = self.hook_rot_q(rotate(q, cos, sin, self.rope_layout))
                 k = self.hook_rot_k(rotate(k, cos, sin, self.rope_layout))
+        bias = None
+        if self.rel_pos is not None and rel_index is not None:
+            bias = self.hook_rel_bias(self.rel_pos(rel_index)).to(q.dtype)  # [H, T, T]
         if first_query:
             q, T = q[:, :, :1], 1  # [B, H, 1, dh]
+            bias = None if bias is None else bias[..., :1, :]
         reads_pattern = self.hook_attn_scores.active or self.hook_pattern.active
         records_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
         if not reads_pattern and (x.is_cuda or not records_grad):
             # fused kernel where it pays: when nobody reads the pattern, on CUDA, and on CPU without
             # autograd (0.7-0.95x the explicit path's time); CPU backward through it is slower
             # (2.5-6x under bf16). benchmarks/attention_cpu.py measures both.
-            z = F.scaled_dot_product_attention(q, k, v)
+            z = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
         elif not reads_pattern:  # CPU training: the same formula, in cache-sized batch slices;
             # q [B, H, T|1, dh], k, v [B, H, T, dh] (strided views of qkv) -> z [B, H, T|1, dh]
-            z = softmax_attention(q, k, v, self.scale)
+            z = softmax_attention(q, k, v, self.scale, bias)
         else:
-            scores = self.hook_attn_scores((q * self.scale) @ k.transpose(-2, -1))
+            scores = (q * self.scale) @ k.transpose(-2, -1)
+            scores = self.hook_attn_scores(scores if bias is None else scores + bias)
             pattern = self.hook_pattern(scores.softmax(dim=-1))
             z = pattern @ v
         z = self.hook_z(z)
@@ -150,6 +165,7 @@ class Block(nn.Module):
             cfg.norm_eps,
             cfg.proj_bias,
             cfg.norm,
+            RelPosBias(cfg.grid, cfg.heads, cfg.num_prefix) if cfg.uses_relpos else None,
         )
         self.hook_attn_out = HookPoint()
         self.hook_resid_mid = HookPoint()
@@ -159,12 +175,16 @@ class Block(nn.Module):
         self.hook_resid_post = HookPoint()
 
     def forward(
-        self, x: torch.Tensor, rotary: torch.Tensor | None, first_only: bool = False
+        self,
+        x: torch.Tensor,
+        rotary: torch.Tensor | None,
+        first_only: bool = False,
+        rel_index: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """x [B, T, D] -> [B, T, D]; first_only: [B, 1, D], the first token's output alone (the
         other tokens' are left uncomputed, so nothing after ln1 may be hooked; see ViT._blocks)."""
         x = self.hook_resid_pre(x)
-        attn = self.hook_attn_out(self.attn(self.ln1(x), rotary, first_only))
+        attn = self.hook_attn_out(self.attn(self.ln1(x), rotary, first_only, rel_index))
         x = self.hook_resid_mid((x[:, :1] if first_only else x) + attn)
         return self.hook_resid_post(x + self.hook_mlp_out(self.mlp(self.ln2(x))))
 
@@ -344,9 +364,11 @@ class ViT(HookedModule):
         """Blocks first..stop-1 on the residual [B, T, D] of a gh x gw grid; cls_exit: block
         stop-1 computes the first token's output alone ([B, 1, D])."""
         tables = self.rotary_tables(gh, gw)
+        cfg = self.cfg
+        rel = rel_pos_index(gh, gw, cfg.grid, cfg.num_prefix, x.device) if cfg.uses_relpos else None
         for i in range(first, stop):
             rotary = None if tables is None else tables[min(i, tables.shape[0] - 1)]
-            x = self.blocks[i](x, rotary, first_only=cls_exit and i == stop - 1)
+            x = self.blocks[i](x, rotary, cls_exit and i == stop - 1, rel)
         return x
 
     def cls_exit(self) -> bool:
@@ -367,6 +389,8 @@ class ViT(HookedModule):
         seen |= {attn.hook_q, attn.hook_k, attn.hook_v}  # [B, H, T, dh]
         if attn.rope_layout is not None:  # the table [2, H, T, P], rotated q and k [B, H, T, dh]
             seen |= {attn.hook_rotary, attn.hook_rot_q, attn.hook_rot_k}
+        if attn.rel_pos is not None:  # the bias [H, T, T], sliced to the first query after it
+            seen |= {attn.rel_pos, attn.hook_rel_bias}
         modules = [m for m in last.modules() if m not in seen] + [*self.ln_final.modules()]
         return not any(m._forward_hooks or m._forward_pre_hooks for m in modules)
 

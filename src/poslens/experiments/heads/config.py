@@ -69,7 +69,7 @@ class Config(ExperimentConfig):
 
 def applies(model: ViT) -> str | None:
     """Why the experiment cannot run on `model` (None: it can)."""
-    if not (model.cfg.uses_rope or model.cfg.uses_additive_pos):
+    if not (model.cfg.uses_rope or model.cfg.uses_additive_pos or model.cfg.uses_relpos):
         return f"posenc={model.cfg.posenc} has no position for heads to carry"
     return needs_classifier(model, "rebuilder and specialized heads are ranked by margin")
 

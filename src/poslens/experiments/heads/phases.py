@@ -18,7 +18,14 @@ from poslens.experiments.conditions import planes_off
 from poslens.experiments.config import Passes, resolved
 from poslens.experiments.heads.config import CARRYING_OFF, Config, window_last
 from poslens.experiments.heads.result import Heads, Rebuild, WindowControl
-from poslens.experiments.heads.units import Unit, head_mask, heads_off, units_of, window_mask
+from poslens.experiments.heads.units import (
+    Unit,
+    head_mask,
+    heads_off,
+    intervention_of,
+    units_of,
+    window_mask,
+)
 from poslens.experiments.readout import (
     ConditionResult,
     FixedProbes,
@@ -422,7 +429,7 @@ def run(
         probe_site=ref.probe_site,
         n_images=len(x),
         probe_images=cfg.probe_images,
-        intervention="rotary" if model.cfg.uses_rope else "ablation",
+        intervention=intervention_of(model),
         baseline=readout_summary(ref.base, ref.probe_site),
         floor=readout_summary(ref.floor, ref.probe_site),
         attention=attention,

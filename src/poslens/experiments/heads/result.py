@@ -116,7 +116,7 @@ class Heads(Header):
     """Carrying, cumulative top-k, rebuilding and attention statistics of every head."""
 
     name: ClassVar[str] = NAME
-    intervention: str  # "rotary" (masking) or "ablation" (zeroed head output)
+    intervention: str  # "rotary" (masking), "rel_bias" (zeroed relative bias) or "ablation"
     baseline: dict[str, Any]
     floor: dict[str, Any]
     attention: AttentionStats  # [depth, H] statistics of the intact model

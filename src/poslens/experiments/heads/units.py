@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from poslens.experiments.conditions import Condition, combine, planes_off
-from poslens.interventions import ablate, axis_map
+from poslens.interventions import ablate, axis_map, rel_bias_zero
 from poslens.interventions.rotary import num_planes
 from poslens.models.vit import ViT
 
@@ -54,15 +54,23 @@ def head_mask(model: ViT, pairs: Iterable[tuple[int, int]]) -> torch.Tensor:
     return mask
 
 
+def intervention_of(model: ViT) -> str:
+    """How heads_off takes a head out: "rotary", "rel_bias" or "ablation"."""
+    return "rotary" if model.cfg.uses_rope else "rel_bias" if model.cfg.uses_relpos else "ablation"
+
+
 def heads_off(model: ViT, pairs: Iterable[tuple[int, int]]) -> Condition:
-    """Condition: the (block, head) pairs lose their rotations (rotary models) or their output
-    (zero ablation of hook_z, models without rotations)."""
+    """Condition: the (block, head) pairs lose their rotations (rotary models), their relative
+    bias (relpos) or their output (zero ablation of hook_z, additive models)."""
     pairs = sorted(set(pairs))
     if model.cfg.uses_rope:
         return planes_off(head_mask(model, pairs))
     by_block: dict[int, list[int]] = {}
     for b, h in pairs:
         by_block.setdefault(b, []).append(h)
+    if model.cfg.uses_relpos:  # the heads' relative bias zeroed: their position channel
+        return combine(*((lambda m, b=b, hs=hs: rel_bias_zero(m, [b], hs))
+                         for b, hs in by_block.items()))  # fmt: skip
     return combine(
         *(
             (lambda m, b=b, hs=hs: ablate(m, "attn", blocks=[b], heads=hs))
