@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Iterator
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -72,3 +74,17 @@ def shrink_timm(mp: pytest.MonkeyPatch, **sizes: object) -> None:
     mp.setattr(
         tc, "create_timm", lambda name, pretrained=False, **kw: real(name, pretrained, **sizes)
     )
+
+
+def image_folder(root: Path, classes: int, per_class: int, size: tuple[int, int]) -> Path:
+    """`classes` class folders named by index under `root`, `per_class` random RGB PNGs each of
+    `size` (height, width): an offline image folder for the pretrained tests."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for k in range(classes):
+        (root / str(k)).mkdir(parents=True)
+        for i in range(per_class):
+            pixels = rng.integers(0, 256, (*size, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(root / str(k) / f"{i}.png")
+    return root

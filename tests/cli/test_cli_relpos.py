@@ -8,13 +8,12 @@ import json
 import os
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
-from PIL import Image
 from safetensors.torch import save_file
 
 from poslens.cli import main
+from tests.conftest import image_folder
 
 if os.environ.get("POSLENS_FULL") == "1":
     import timm
@@ -59,15 +58,7 @@ def weights(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def folder(tmp_path: Path) -> Path:
-    rng = np.random.default_rng(0)
-    root = tmp_path / "images"
-    for k in range(5):
-        (root / str(k)).mkdir(parents=True)
-        for i in range(4):
-            Image.fromarray(rng.integers(0, 256, (40, 40, 3), dtype=np.uint8)).save(
-                root / str(k) / f"{i}.png"
-            )
-    return root
+    return image_folder(tmp_path / "images", 5, 4, (40, 40))
 
 
 def test_analyze_beit_reads_its_relative_bias_removal(
