@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,7 @@ from poslens.data import DataConfig, build_task
 from poslens.errors import ConfigError
 from poslens.experiments import sae_causal
 from poslens.experiments.output import save
+from poslens.io import jsonable
 from poslens.models import hooks
 from poslens.models.vit import ViT
 from poslens.sae import TopKSAE
@@ -325,3 +327,39 @@ def test_the_dose_axis_is_ticked_at_the_doses(axis_run: sae_causal.SAECausal) ->
         assert list(ax.get_xticks()) == [2, 3, 7, 8]
         assert [t.get_text() for t in ax.get_xticklabels()] == ["2", "3", "", "8"]
         assert len(ax.xaxis.get_minorticklocs()) == 0
+
+
+def test_sae_draws_average_their_headlines_and_keep_the_first_draw(tmp_path: Path) -> None:
+    """sae_draws=2: draw 0 is the one-draw run itself (same SAE, same JSON), the second SAE is
+    another seed's, and every headline number is the mean of the two draws' own numbers."""
+    m, task = tiny("ape", num_classes=16, ape_code="rowcol", ape_init_std=1.0), build_task(DATA)
+    one = sae_causal.Config(
+        sites=("blocks.1.ln1.hook_normalized",), n_images=30, probe_images=20, batch_size=30,
+        train_images=40, epochs=2, k=4, doses=(2,), draws=1,
+    )  # fmt: skip
+    two = replace(one, sae_draws=2)
+    d1 = json.loads(json.dumps(jsonable(sae_causal.run(m, task, one).to_dict())))
+    res = sae_causal.run(m, task, two)
+    d2 = json.loads(json.dumps(jsonable(res.to_dict())))
+    assert "sae_draws" not in d1 and len(d2["sae_draws"]) == 1
+    assert d2["sae_sites"] == d1["sae_sites"]  # draw 0 is unchanged by asking for more
+    other = d2["sae_draws"][0]["blocks.1.ln1.hook_normalized"]
+    first = d2["sae_sites"]["blocks.1.ln1.hook_normalized"]
+    assert other["positional_latents"] != first["positional_latents"]  # another SAE
+    h1, h2 = sae_causal.headline(d1), sae_causal.headline(d2)
+    h_other = sae_causal.headline({"sae_sites": d2["sae_draws"][0]})
+    assert set(h2) == set(h1)
+    for k, x in h2.items():
+        a, b = h1[k], h_other.get(k)
+        if a is None or b is None or not (np.isfinite(a) and np.isfinite(b)):
+            continue
+        assert x == pytest.approx((a + b) / 2), k
+    save(res, tmp_path, sae_causal.plot)
+    rows = list(csv.DictReader((tmp_path / "sae_causal_conditions.csv").open()))
+    assert {r["sae_draw"] for r in rows} == {"0", "1"}
+    for bad in (0, 21, True):
+        with pytest.raises(ConfigError, match="analysis.sae_draws"):
+            replace(one, sae_draws=bad)
+    with pytest.raises(ConfigError, match="sae_draws must be 1 with given SAEs"):
+        site = "blocks.1.ln1.hook_normalized"
+        sae_causal.run(m, task, two, saes={site: TopKSAE(m.cfg.dim, 4 * m.cfg.dim, 4, site=site)})

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from poslens.data import Task
+from poslens.errors import ConfigError
 from poslens.experiments.conditions import Condition, floor_condition
 from poslens.experiments.config import resolved
 from poslens.experiments.readout import (
@@ -207,13 +208,16 @@ def run_site(
     progress: bool = False,
     sae: TopKSAE | None = None,
     roles: list[str] | None = None,
+    draw: int = 0,
 ) -> SiteResult:
     """Train (or take) an SAE at `site` (its k chosen by fit_site_sae), find its positional
     latents and run every edit; each is read at the SAE's site and the output, with the intact
-    model's fixed probes and refitted ones."""
+    model's fixed probes and refitted ones. SAE draw `draw` trains its SAE and draws its random
+    controls from its own seed (Config.draw); the measurements keep cfg's."""
     idx = site_index(model, site)
     probe_sites = sorted({idx, model.cfg.depth})
-    sae, k_selection = fit_site_sae(model, data, cfg, site, sae)
+    dcfg = cfg.draw(draw)
+    sae, k_selection = fit_site_sae(model, data, dcfg, site, sae)
     xv = data.split("val")[0][: cfg.probe_images]
     with autocast(model, cfg.precision):
         val_store = ActivationStore.from_model(model, xv, site)
@@ -222,7 +226,8 @@ def run_site(
     pl = find_positional_latents(codes, *model.grid_of(xv[:1]))
     fixed = base.fixed_probes()
     results, probes = [], {}
-    for name, cond, meta in track(conditions(sae, pl, codes, cfg), f"sae_causal {site}", progress):
+    label = f"sae_causal {site}" + (f" (SAE draw {draw + 1})" if draw else "")
+    for name, cond, meta in track(conditions(sae, pl, codes, dcfg), label, progress):
         r = measure(model, x, y, cfg, cond, probe_sites=probe_sites, fixed=fixed,
                     passes=cfg.passes)  # fmt: skip
         results.append(summarise(name, r, base, floor, idx, meta))
@@ -254,10 +259,13 @@ def run(
     saes: dict[str, TopKSAE] | None = None,
     references: ReferenceCache | None = None,
 ) -> SAECausal:
-    """The causal test at every site in cfg.sites (SAEs trained here unless given by site); the
-    intact baseline is the reference's (readout.baseline), reused from `references`."""
+    """The causal test at every site in cfg.sites (SAEs trained here unless given by site), once
+    per SAE draw (cfg.sae_draws); the intact baseline is the reference's (readout.baseline),
+    reused from `references`."""
     cfg = resolved(cfg or Config(), model)
     resolve_sites(model, cfg, probe_block=0)  # ConfigError for a bad hook name before any work
+    if saes and cfg.sae_draws > 1:
+        raise ConfigError("analysis.sae_draws must be 1 with given SAEs (one SAE per site)")
     x, y = eval_images(data, cfg)
     all_sites = list(range(model.cfg.depth + 1))
     base = baseline(model, x, y, cfg, all_sites, cache=references)
@@ -271,6 +279,11 @@ def run(
         run_site(model, data, cfg, s, base, floor, x, y, progress, (saes or {}).get(s), roles)
         for s, roles in sites.items()
     ]
+    draws = [
+        [run_site(model, data, cfg, s, base, floor, x, y, progress, None, roles, j)
+         for s, roles in sites.items()]
+        for j in range(1, cfg.sae_draws)
+    ]  # fmt: skip
     return SAECausal(
         posenc=model.cfg.posenc,
         sites=site_labels(model),
@@ -280,6 +293,7 @@ def run(
         baseline=base.summary(),
         results=results,
         position_table=position_table(model, x),
+        draws=draws,
     )
 
 

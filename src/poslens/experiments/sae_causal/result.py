@@ -4,7 +4,7 @@ condition's readout, and the summary numbers the claim rests on."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
@@ -179,23 +179,31 @@ class SAECausal(Header):
     baseline: dict[str, Any]
     results: list[SiteResult]  # one per SAE site
     position_table: dict[str, float] | None
+    # the further SAE draws (Config.sae_draws - 1), each one result per site like `results`
+    draws: list[list[SiteResult]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        d = {k: v for k, v in super().to_dict().items() if k != "results"}
-        return d | {"sae_sites": {r.site: r.to_dict() for r in self.results}}
+        d = {k: v for k, v in super().to_dict().items() if k not in ("results", "draws")}
+        d |= {"sae_sites": {r.site: r.to_dict() for r in self.results}}
+        if self.draws:  # absent with one draw: the JSON of a one-draw run is unchanged
+            d["sae_draws"] = [{r.site: r.to_dict() for r in rs} for rs in self.draws]
+        return d
 
     def tables(self) -> dict[str, list[dict[str, Any]]]:
         rows = []
-        for r in self.results:
-            for c in r.conditions:
-                row = {"sae_site": r.site} | c.row(self.sites, r.site_index)
-                for kind, acc in r.probes[c.name].items():
-                    for i, s in enumerate(r.probe_sites):
-                        row |= {
-                            f"{kind}_{t}@{self.sites[s]}": float(acc[i, j])
-                            for j, t in enumerate(TARGETS)
-                        }
-                rows.append(row)
+        many = bool(self.draws)
+        for draw, results in enumerate((self.results, *self.draws)):
+            for r in results:
+                for c in r.conditions:
+                    row = {"sae_site": r.site} | ({"sae_draw": draw} if many else {})
+                    row |= c.row(self.sites, r.site_index)
+                    for kind, acc in r.probes[c.name].items():
+                        for i, s in enumerate(r.probe_sites):
+                            row |= {
+                                f"{kind}_{t}@{self.sites[s]}": float(acc[i, j])
+                                for j, t in enumerate(TARGETS)
+                            }
+                    rows.append(row)
         return {"conditions": rows}
 
 
@@ -243,9 +251,22 @@ def k_numbers(site: str, sel: dict[str, Any] | None) -> Headline:
 def headline(d: dict[str, Any]) -> Headline:
     """Per SAE site, under its hook name and under each role it plays ("early", "probe"): FVU,
     how k was chosen (k_numbers), the positional latents by kind, and every summary group's
-    numbers (key(site, group, n)); the position table's row + column share."""
+    numbers (key(site, group, n)); the position table's row + column share. With several SAE
+    draws each number is its mean over the draws that measured it (None where none did)."""
+    each = [_sites_headline(s) for s in (d["sae_sites"], *d.get("sae_draws", []))]
     out: Headline = {}
-    for site, r in d["sae_sites"].items():
+    for k in each[0]:
+        xs = [x for h in each if (x := h.get(k)) is not None and math.isfinite(x)]
+        out[k] = float(np.mean(xs)) if xs else each[0][k]
+    for k, x in (d.get("position_table") or {}).items():
+        out[f"table.{k}"] = x
+    return out
+
+
+def _sites_headline(sae_sites: dict[str, Any]) -> Headline:
+    """headline's numbers of one SAE draw (every site's)."""
+    out: Headline = {}
+    for site, r in sae_sites.items():
         s = r["summary"]
         for name in (site, *r.get("roles", [])):
             out[f"{name}.fvu"] = r["sae_quality"]["fvu"]
@@ -255,8 +276,6 @@ def headline(d: dict[str, Any]) -> Headline:
             for group in GROUPS:
                 for k, x in s.get(group, {}).items():
                     out[key(name, group, k)] = x
-    for k, x in (d.get("position_table") or {}).items():
-        out[f"table.{k}"] = x
     return out
 
 
