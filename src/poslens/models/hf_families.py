@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from poslens.models import hf_vit
+from poslens.models import hf_beit, hf_vit
 from poslens.models.config import ModelConfig
 from poslens.models.hf_common import unsupported
 
@@ -50,8 +50,9 @@ class Family:
 
 
 VIT = Family(hf_vit.MODEL_TYPES, hf_vit.convert, hf_vit.processor_defaults, ("ViT", "DeiT"))
+BEIT = Family(hf_beit.MODEL_TYPES, hf_beit.convert, hf_beit.processor_defaults, ("Beit",))
 
-FAMILIES: dict[str, Family] = {t: f for f in (VIT,) for t in f.model_types}
+FAMILIES: dict[str, Family] = {t: f for f in (VIT, BEIT) for t in f.model_types}
 
 
 def family_of(hf: dict[str, Any], folder: Path) -> Family:
