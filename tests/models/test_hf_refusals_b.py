@@ -31,6 +31,7 @@ def folder(root: Path, **config: Any) -> Path:
 
 
 BEIT = dict(model_type="beit", architectures=["BeitModel"])
+DINO = dict(model_type="dinov3_vit", architectures=["DINOv3ViTModel"])
 REFUSED: dict[str, tuple[dict[str, Any], str]] = {
     "beit_segmentation": (
         dict(model_type="beit", architectures=["BeitForSemanticSegmentation"]),
@@ -52,6 +53,12 @@ REFUSED: dict[str, tuple[dict[str, Any], str]] = {
     "beit_non_square": (dict(**BEIT, image_size=[32, 16]), "image_size [32, 16]"),
     "beit_relu": (dict(**BEIT, hidden_act="relu"), "hidden_act 'relu'"),
     "beit_head_dim": (dict(**BEIT, head_dim=16), "head_dim 16 x 4 heads"),
+    "dinov3_gated_gelu": (dict(**DINO, use_gated_mlp=True), "gated MLP with hidden_act 'gelu'"),
+    "dinov3_silu_plain": (dict(**DINO, hidden_act="silu"), "hidden_act 'silu'"),
+    "dinov3_non_square": (dict(**DINO, image_size=[32, 48]), "image_size [32, 48]"),
+    "dinov3_head_dim": (dict(**DINO, num_attention_heads=16), "head dimension divisible by 4"),
+    "dinov3_other_arch": (dict(model_type="dinov3_vit", architectures=["DINOv3ConvNextModel"]),
+                          "architecture DINOv3ConvNextModel"),
 }  # fmt: skip
 
 
@@ -75,3 +82,18 @@ def test_beit_preprocessing_defaults_and_file(tmp_path: Path) -> None:
     (root / "preprocessor_config.json").write_text(json.dumps(doc))
     p = hf_preprocess(root, 32)
     assert (p.image_size, p.interpolation, math.floor(32 / p.crop_pct)) == (32, "bilinear", 36)
+
+
+def test_dinov3_preprocessing_defaults(tmp_path: Path) -> None:
+    """DINOv3ViTImageProcessor's defaults: squash to the side, bilinear, ImageNet mean / std;
+    its "Fast" class name in preprocessor_config.json is accepted."""
+    root = folder(tmp_path, **DINO)
+    p = hf_preprocess(root, 32)
+    want = (32, "bilinear", (0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+    assert (p.image_size, p.interpolation, p.mean, p.std) == want
+    doc = {
+        "image_processor_type": "DINOv3ViTImageProcessorFast",
+        "size": {"height": 32, "width": 32},
+    }
+    (root / "preprocessor_config.json").write_text(json.dumps(doc))
+    assert hf_preprocess(root, 32) == p

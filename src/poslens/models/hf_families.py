@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from poslens.models import hf_beit, hf_vit
+from poslens.models import hf_beit, hf_dinov3, hf_vit
 from poslens.models.config import ModelConfig
 from poslens.models.hf_common import unsupported
 
@@ -51,8 +51,11 @@ class Family:
 
 VIT = Family(hf_vit.MODEL_TYPES, hf_vit.convert, hf_vit.processor_defaults, ("ViT", "DeiT"))
 BEIT = Family(hf_beit.MODEL_TYPES, hf_beit.convert, hf_beit.processor_defaults, ("Beit",))
+DINOV3 = Family(
+    hf_dinov3.MODEL_TYPES, hf_dinov3.convert, hf_dinov3.processor_defaults, ("DINOv3ViT",)
+)
 
-FAMILIES: dict[str, Family] = {t: f for f in (VIT, BEIT) for t in f.model_types}
+FAMILIES: dict[str, Family] = {t: f for f in (VIT, BEIT, DINOV3) for t in f.model_types}
 
 
 def family_of(hf: dict[str, Any], folder: Path) -> Family:
