@@ -30,6 +30,10 @@ ATOL = 1e-5
 REL = dict(use_relative_position_bias=True)
 SHARED = dict(use_shared_relative_position_bias=True)
 APE = dict(use_absolute_position_embeddings=True)
+# BEiT-B / 16 at 224 px, two blocks (the defaults of write's SMALL overridden)
+BASE = dict(
+    hidden_size=768, num_attention_heads=12, intermediate_size=3072, image_size=224, patch_size=16
+)
 
 # case -> (model class, config fields beyond SMALL)
 CASES: dict[str, tuple[str, dict[str, Any]]] = {
@@ -60,7 +64,7 @@ def write(case: str, root: Path, seed: int = 0) -> torch.nn.Module:
     cls, extra = CASES[case]
     config_cls = "Data2VecVisionConfig" if cls.startswith("Data2Vec") else "BeitConfig"
     torch.manual_seed(seed)
-    cfg = getattr(transformers, config_cls)(**SMALL, **extra, num_labels=5)
+    cfg = getattr(transformers, config_cls)(**{**SMALL, **extra}, num_labels=5)
     model = getattr(transformers, cls)(cfg).eval()
     perturb(model, seed)
     model.save_pretrained(root, safe_serialization=True)
@@ -174,3 +178,30 @@ def test_hooks_read_and_zero_the_relative_bias(tmp_path: Path) -> None:
         with ours.hooks([(site, lambda t, _hook: torch.zeros_like(t))]):
             _, zeroed = ours.run_with_cache(x, ["blocks.1.hook_resid_post"])
     assert not torch.allclose(zeroed["blocks.1.hook_resid_post"], cache["blocks.1.hook_resid_post"])
+
+
+def test_older_files_with_index_buffers_load(tmp_path: Path) -> None:
+    """Files saved by older transformers carry each table's integer relative_position_index
+    (int64, rebuilt by the forward): dropped, with the same parity."""
+    model = write("data2vec_cls_relpos_mean", tmp_path)
+    path = tmp_path / "model.safetensors"
+    state = load_file(path)
+    tables = [k for k in state if k.endswith("relative_position_bias_table")]
+    assert tables
+    for k in tables:
+        index = k.replace("relative_position_bias_table", "relative_position_index")
+        state[index] = torch.zeros(17, 17, dtype=torch.int64)  # [1 + N, 1 + N]
+    save_file(state, path)
+    assert max_diff(poslens.load(f"hf:{tmp_path}"), model) <= ATOL
+
+
+def test_base_width_at_224_px(tmp_path: Path) -> None:
+    """BEiT-B's width and heads on its 14 x 14 grid (two blocks): relative tables of 732 offsets."""
+    CASES["base"] = ("BeitForImageClassification", {**REL, **BASE})
+    try:
+        model = write("base", tmp_path)
+    finally:
+        del CASES["base"]
+    ours = poslens.load(f"hf:{tmp_path}")
+    assert (ours.cfg.dim, ours.cfg.heads, ours.cfg.grid) == (768, 12, 14)
+    assert max_diff(ours, model, n=1) <= ATOL

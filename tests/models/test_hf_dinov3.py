@@ -51,7 +51,7 @@ def perturb(model: torch.nn.Module, seed: int) -> None:
 def write(case: str, root: Path, seed: int = 0) -> torch.nn.Module:
     cls, extra = CASES[case]
     torch.manual_seed(seed)
-    model = getattr(transformers, cls)(transformers.DINOv3ViTConfig(**SMALL, **extra)).eval()
+    model = getattr(transformers, cls)(transformers.DINOv3ViTConfig(**{**SMALL, **extra})).eval()
     perturb(model, seed)
     model.save_pretrained(root, safe_serialization=True)
     return model
@@ -123,3 +123,17 @@ def test_rotary_hooks_work_on_the_converted_model(tmp_path: Path) -> None:
         with ours.hooks([(f"blocks.{b}.attn.hook_rotary", no_rotation) for b in range(2)]):
             _, flat = ours.run_with_cache(x, ["ln_final.hook_normalized"])
     assert not torch.allclose(flat["ln_final.hook_normalized"], cache["ln_final.hook_normalized"])
+
+
+def test_small_width_at_224_px(tmp_path: Path) -> None:
+    """DINOv3 ViT-S's width, heads and 4 registers on its 14 x 14 grid (two blocks)."""
+    base = dict(hidden_size=384, num_attention_heads=6, intermediate_size=1536, image_size=224,
+                patch_size=16, num_register_tokens=4)  # fmt: skip
+    CASES["small"] = ("DINOv3ViTModel", base)
+    try:
+        model = write("small", tmp_path)
+    finally:
+        del CASES["small"]
+    ours = poslens.load(f"hf:{tmp_path}")
+    assert (ours.cfg.dim, ours.cfg.heads, ours.cfg.grid, ours.cfg.num_registers) == (384, 6, 14, 4)
+    assert max_diff(ours, model, 224, n=1) <= ATOL
