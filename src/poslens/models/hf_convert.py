@@ -46,8 +46,8 @@ def convert(
 
 
 def load_hf(folder: str | Path, weights: str | Path | None = None, device: str = "cpu") -> ViT:
-    """poslens ViT (eval mode) from a local HF ViT / DeiT folder; `weights` overrides its
-    model.safetensors."""
+    """poslens ViT (eval mode) from a local HF folder of a model type hf_families lists;
+    `weights` overrides its model.safetensors."""
     from poslens.limits import check_model
 
     cfg, sd = convert(folder, weights)
