@@ -1,0 +1,130 @@
+"""Parity with Hugging Face transformers for the model types beyond ViT / DeiT (issue 50): a
+random-weight model of each type, saved by save_pretrained into a tmp folder (safetensors,
+offline), converted by poslens.load("hf:DIR"), gives transformers' final tokens and its logits
+(or pooled / projected output) to 1e-5 in fp32, at a small size (image 32, patch 8, dim 32,
+2 blocks, 2 heads)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import poslens
+
+if os.environ.get("POSLENS_FULL") == "1":
+    import transformers  # CI installs the [transformers] extra: a missing one must fail, not skip
+else:
+    transformers = pytest.importorskip("transformers")
+
+ATOL = 1e-5
+SMALL: dict[str, Any] = dict(
+    hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+    image_size=32, patch_size=8,
+)  # fmt: skip
+N = 3  # images per batch
+
+
+def perturb(model: torch.nn.Module, seed: int = 0) -> None:
+    """Vectors (biases, norm affines, layer scales), tokens and tables off their init so that a
+    transposed, swapped or dropped one shows; matrices keep transformers' init."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim == 1 or "embed" in name or "token" in name or "probe" in name:
+                p.add_(0.1 * torch.randn(p.shape, generator=g))
+
+
+def save(model: torch.nn.Module, root: Path) -> torch.nn.Module:
+    perturb(model)
+    model.eval().save_pretrained(root, safe_serialization=True)
+    return model
+
+
+def images(size: int = 32, n: int = N) -> torch.Tensor:
+    return torch.randn(n, 3, size, size, generator=torch.Generator().manual_seed(1))
+
+
+def ours(root: Path, x: torch.Tensor) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """poslens' model of root and its (final tokens [B, T, D] after ln_final, the head's input
+    [B, D], logits) on x."""
+    model = poslens.load(f"hf:{root}")
+    seen: dict[str, torch.Tensor] = {}
+    hooks = [
+        model.ln_final.register_forward_hook(lambda _m, _i, o: seen.__setitem__("tokens", o)),
+        model.head.register_forward_pre_hook(lambda _m, i: seen.__setitem__("pooled", i[0])),
+    ]
+    with torch.no_grad():
+        logits = model(x)
+    for h in hooks:
+        h.remove()
+    return model, seen["tokens"], seen["pooled"], logits
+
+
+def close(a: torch.Tensor, b: torch.Tensor) -> float:
+    """max |a - b|, asserted <= ATOL."""
+    assert a.shape == b.shape, (a.shape, b.shape)
+    diff = float((a - b).abs().max())
+    assert diff <= ATOL, diff
+    return diff
+
+
+# ---------------------------------------------------------------- ViT layout: msn, mae, ijepa
+def test_vit_msn_classifier(tmp_path: Path) -> None:
+    cfg = transformers.ViTMSNConfig(**SMALL, num_labels=5)
+    hf = save(transformers.ViTMSNForImageClassification(cfg), tmp_path)
+    x = images()
+    model, tokens, _, logits = ours(tmp_path, x)
+    with torch.no_grad():
+        out = hf(x, output_hidden_states=True)
+        last = hf.vit(x).last_hidden_state
+    close(tokens, last)
+    close(logits, out.logits)
+    assert model.cfg.norm_eps == 1e-6 and model.cfg.pool == "cls"
+
+
+def test_vit_msn_backbone(tmp_path: Path) -> None:
+    hf = save(transformers.ViTMSNModel(transformers.ViTMSNConfig(**SMALL)), tmp_path)
+    x = images()
+    _, tokens, _, logits = ours(tmp_path, x)
+    with torch.no_grad():
+        close(tokens, hf(x).last_hidden_state)
+    assert logits.shape == (N, 0)
+
+
+@pytest.mark.parametrize("arch", ["ViTMAEModel", "ViTMAEForPreTraining"])
+def test_vit_mae_encoder_without_masking(arch: str, tmp_path: Path) -> None:
+    """poslens is HF's encoder with mask_ratio 0 and noise arange(N): every patch, in order."""
+    cfg = transformers.ViTMAEConfig(**SMALL, decoder_hidden_size=16, decoder_num_hidden_layers=1,
+                                    decoder_num_attention_heads=2, decoder_intermediate_size=32)  # fmt: skip
+    hf = save(getattr(transformers, arch)(cfg), tmp_path)
+    encoder = getattr(hf, "vit", hf)
+    encoder.config.mask_ratio = 0.0
+    x = images()
+    model, tokens, _, logits = ours(tmp_path, x)
+    noise = torch.arange(16.0).expand(N, -1)  # argsort: the identity order
+    with torch.no_grad():
+        close(tokens, encoder(x, noise=noise).last_hidden_state)
+    assert logits.shape == (N, 0) and model.cfg.num_classes == 0
+
+
+def test_ijepa_classifier_mean_pools_without_cls(tmp_path: Path) -> None:
+    cfg = transformers.IJepaConfig(**SMALL, num_labels=4)
+    hf = save(transformers.IJepaForImageClassification(cfg), tmp_path)
+    x = images()
+    model, tokens, _, logits = ours(tmp_path, x)
+    with torch.no_grad():
+        close(tokens, hf.ijepa(x).last_hidden_state)
+        close(logits, hf(x).logits)
+    assert not model.cfg.cls_token and model.cfg.pool == "mean" and model.cfg.num_prefix == 0
+
+
+def test_ijepa_backbone(tmp_path: Path) -> None:
+    hf = save(transformers.IJepaModel(transformers.IJepaConfig(**SMALL)), tmp_path)
+    x = images()
+    _, tokens, _, _ = ours(tmp_path, x)
+    with torch.no_grad():
+        close(tokens, hf(x).last_hidden_state)
