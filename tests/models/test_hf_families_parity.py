@@ -128,3 +128,53 @@ def test_ijepa_backbone(tmp_path: Path) -> None:
     _, tokens, _, _ = ours(tmp_path, x)
     with torch.no_grad():
         close(tokens, hf(x).last_hidden_state)
+
+
+# ---------------------------------------------------------------- DINOv2 (with registers)
+DINO: dict[str, Any] = {k: v for k, v in SMALL.items() if k != "intermediate_size"}
+
+
+@pytest.mark.parametrize(
+    "config,model_cls,extra",
+    [
+        ("Dinov2Config", "Dinov2Model", {}),
+        ("Dinov2Config", "Dinov2Model", {"use_swiglu_ffn": True}),
+        ("Dinov2Config", "Dinov2Model", {"mlp_ratio": 3, "qkv_bias": False}),
+        ("Dinov2WithRegistersConfig", "Dinov2WithRegistersModel", {}),
+        ("Dinov2WithRegistersConfig", "Dinov2WithRegistersModel", {"num_register_tokens": 2, "use_swiglu_ffn": True}),
+    ],
+)  # fmt: skip
+def test_dinov2_backbones(
+    config: str, model_cls: str, extra: dict[str, Any], tmp_path: Path
+) -> None:
+    """LayerScale folded, SwiGLU split, registers after CLS without position: HF's tokens."""
+    cfg = getattr(transformers, config)(**DINO, **extra)
+    hf = save(getattr(transformers, model_cls)(cfg), tmp_path)
+    x = images()
+    model, tokens, _, logits = ours(tmp_path, x)
+    with torch.no_grad():
+        out = hf(x)
+    close(tokens, out.last_hidden_state)
+    close(tokens[:, 0], out.pooler_output)
+    assert logits.shape == (N, 0) and model.cfg.mlp == (
+        "swiglu" if extra.get("use_swiglu_ffn") else "mlp"
+    )
+    assert model.cfg.num_registers == (
+        extra.get("num_register_tokens", 4) if "Registers" in config else 0
+    )
+
+
+def test_dinov2_module_names_load_the_same(tmp_path: Path) -> None:
+    """A file of the transformers 5 module names (attention.q_proj, mlp.gate_proj, ...), as a
+    state_dict saved directly holds them, converts to the same model."""
+    from safetensors.torch import save_file
+
+    cfg = transformers.Dinov2WithRegistersConfig(**DINO, use_swiglu_ffn=True)
+    hf = save(transformers.Dinov2WithRegistersModel(cfg), tmp_path)
+    live = {k: v.contiguous() for k, v in hf.state_dict().items()}
+    assert "encoder.layer.0.mlp.gate_proj.weight" in live
+    save_file(live, tmp_path / "model.safetensors")
+    x = images()
+    _, tokens, _, _ = ours(tmp_path, x)
+    with torch.no_grad():
+        close(tokens, hf(x).last_hidden_state)
