@@ -178,3 +178,61 @@ def test_dinov2_module_names_load_the_same(tmp_path: Path) -> None:
     _, tokens, _, _ = ours(tmp_path, x)
     with torch.no_grad():
         close(tokens, hf(x).last_hidden_state)
+
+
+# ---------------------------------------------------------------- CLIP image towers
+def test_clip_vision_model(tmp_path: Path) -> None:
+    """norm_pre, no final norm (HF's last_hidden_state), post_layernorm on CLS (pooler_output)."""
+    cfg = transformers.CLIPVisionConfig(**SMALL)
+    hf = save(transformers.CLIPVisionModel(cfg), tmp_path)
+    x = images()
+    model, tokens, pooled, logits = ours(tmp_path, x)
+    with torch.no_grad():
+        out = hf(x)
+    close(tokens, out.last_hidden_state)
+    close(pooled, out.pooler_output)
+    assert logits.shape == (N, 0) and model.cfg.mlp_act == "quick_gelu" and model.cfg.norm_pre
+
+
+@pytest.mark.parametrize("act", ["quick_gelu", "gelu"])
+def test_clip_vision_model_with_projection(act: str, tmp_path: Path) -> None:
+    cfg = transformers.CLIPVisionConfig(**SMALL, projection_dim=12, hidden_act=act)
+    hf = save(transformers.CLIPVisionModelWithProjection(cfg), tmp_path)
+    x = images()
+    model, tokens, _, logits = ours(tmp_path, x)
+    with torch.no_grad():
+        out = hf(x)
+    close(tokens, out.last_hidden_state)
+    close(logits, out.image_embeds)
+    assert model.cfg.num_classes == 12
+
+
+def _clip_config(**vision: Any) -> Any:
+    text = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                vocab_size=50, max_position_embeddings=8)  # fmt: skip
+    return transformers.CLIPConfig(
+        text_config=text, vision_config={**SMALL, **vision}, projection_dim=12
+    )
+
+
+def test_full_clip_model_is_its_image_tower(tmp_path: Path) -> None:
+    """A CLIPModel folder: vision_model.* and visual_projection; the text tower is dropped."""
+    hf = save(transformers.CLIPModel(_clip_config()), tmp_path)
+    x = images()
+    _, tokens, _, logits = ours(tmp_path, x)
+    with torch.no_grad():
+        vision = hf.vision_model(x)
+        embeds = hf.visual_projection(vision.pooler_output)
+    close(tokens, vision.last_hidden_state)
+    close(logits, embeds)
+
+
+def test_clip_classifier_mean_pools_without_final_norm(tmp_path: Path) -> None:
+    cfg = _clip_config()
+    cfg.num_labels = 4
+    hf = save(transformers.CLIPForImageClassification(cfg), tmp_path)
+    x = images()
+    model, _, _, logits = ours(tmp_path, x)
+    with torch.no_grad():
+        close(logits, hf(x).logits)
+    assert model.cfg.pool == "mean" and not model.cfg.final_norm

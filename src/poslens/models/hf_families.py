@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from poslens.models import hf_dinov2, hf_vit
+from poslens.models import hf_clip, hf_dinov2, hf_vit
 from poslens.models.config import ModelConfig
 from poslens.models.hf_common import unsupported
 
@@ -55,7 +55,9 @@ DINOV2 = Family(
     hf_dinov2.MODEL_TYPES, hf_dinov2.convert, hf_dinov2.processor_defaults, ("BitImageProcessor",)
 )
 
-FAMILIES: dict[str, Family] = {t: f for f in (VIT, DINOV2) for t in f.model_types}
+CLIP = Family(hf_clip.MODEL_TYPES, hf_clip.convert, hf_clip.processor_defaults, ("CLIP",))
+
+FAMILIES: dict[str, Family] = {t: f for f in (VIT, DINOV2, CLIP) for t in f.model_types}
 
 
 def family_of(hf: dict[str, Any], folder: Path) -> Family:
