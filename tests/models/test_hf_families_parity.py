@@ -236,3 +236,92 @@ def test_clip_classifier_mean_pools_without_final_norm(tmp_path: Path) -> None:
     with torch.no_grad():
         close(logits, hf(x).logits)
     assert model.cfg.pool == "mean" and not model.cfg.final_norm
+
+
+# ---------------------------------------------------------------- SigLIP and SigLIP 2 towers
+def _text() -> dict[str, Any]:
+    return dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                vocab_size=50, max_position_embeddings=8)  # fmt: skip
+
+
+@pytest.mark.parametrize("use_head", [True, False])
+def test_siglip_vision_model_map_head(use_head: bool, tmp_path: Path) -> None:
+    """post_layernorm on every token (ln_final), the MAP head's output is HF's pooler_output."""
+    cfg = transformers.SiglipVisionConfig(**SMALL, vision_use_head=use_head)
+    hf = save(transformers.SiglipVisionModel(cfg), tmp_path)
+    x = images()
+    model, tokens, pooled, logits = ours(tmp_path, x)
+    with torch.no_grad():
+        out = hf(x)
+    close(tokens, out.last_hidden_state)
+    if use_head:
+        close(pooled, out.pooler_output)
+    assert logits.shape == (N, 0) and model.cfg.pool == ("map" if use_head else "mean")
+    assert not model.cfg.cls_token and model.cfg.mlp_act == "gelu_tanh"
+
+
+def test_full_siglip_model_is_its_image_tower(tmp_path: Path) -> None:
+    cfg = transformers.SiglipConfig(text_config=_text(), vision_config=SMALL)
+    hf = save(transformers.SiglipModel(cfg), tmp_path)
+    x = images()
+    _, tokens, pooled, _ = ours(tmp_path, x)
+    with torch.no_grad():
+        out = hf.vision_model(x)
+    close(tokens, out.last_hidden_state)
+    close(pooled, out.pooler_output)
+
+
+def test_siglip_classifier_mean_pools(tmp_path: Path) -> None:
+    cfg = transformers.SiglipConfig(text_config=_text(), vision_config=SMALL)
+    cfg.num_labels = 3
+    hf = save(transformers.SiglipForImageClassification(cfg), tmp_path)
+    x = images()
+    model, _, _, logits = ours(tmp_path, x)
+    with torch.no_grad():
+        close(logits, hf(x).logits)
+    assert model.cfg.pool == "mean" and model.cfg.num_classes == 3
+
+
+V2: dict[str, Any] = {**{k: v for k, v in SMALL.items() if k != "image_size"}, "num_patches": 16}
+
+
+def patchify(x: torch.Tensor, p: int) -> tuple[torch.Tensor, ...]:
+    """Siglip2ImageProcessor's patches of square images [B, C, H, W]: ([B, N, P*P*C] patches,
+    each row by row with channels last; the full attention mask [B, N]; spatial_shapes [B, 2])."""
+    B, C, H, W = x.shape
+    patches = x.reshape(B, C, H // p, p, W // p, p).permute(0, 2, 4, 3, 5, 1)
+    patches = patches.reshape(B, (H // p) * (W // p), p * p * C)
+    mask = torch.ones(B, patches.shape[1], dtype=torch.long)
+    return patches, mask, torch.tensor([[H // p, W // p]] * B)
+
+
+def test_siglip2_vision_model_at_its_square_grid(tmp_path: Path) -> None:
+    hf = save(transformers.Siglip2VisionModel(transformers.Siglip2VisionConfig(**V2)), tmp_path)
+    x = images()
+    model, tokens, pooled, _ = ours(tmp_path, x)
+    patches, mask, shapes = patchify(x, 8)
+    with torch.no_grad():
+        out = hf(pixel_values=patches, pixel_attention_mask=mask, spatial_shapes=shapes)
+    close(tokens, out.last_hidden_state)
+    close(pooled, out.pooler_output)
+    assert model.cfg.image_size == 32 and model.cfg.grid == 4
+
+
+def test_full_siglip2_model_and_classifier(tmp_path: Path) -> None:
+    cfg = transformers.Siglip2Config(text_config=_text(), vision_config=V2)
+    hf = save(transformers.Siglip2Model(cfg), tmp_path / "model")
+    x = images()
+    patches, mask, shapes = patchify(x, 8)
+    _, tokens, pooled, _ = ours(tmp_path / "model", x)
+    with torch.no_grad():
+        out = hf.vision_model(
+            pixel_values=patches, pixel_attention_mask=mask, spatial_shapes=shapes
+        )
+    close(tokens, out.last_hidden_state)
+    close(pooled, out.pooler_output)
+    cfg.num_labels = 3
+    hf = save(transformers.Siglip2ForImageClassification(cfg), tmp_path / "classifier")
+    _, _, _, logits = ours(tmp_path / "classifier", x)
+    with torch.no_grad():
+        theirs = hf(pixel_values=patches, pixel_attention_mask=mask, spatial_shapes=shapes)
+    close(logits, theirs.logits)

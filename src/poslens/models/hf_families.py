@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from poslens.models import hf_clip, hf_dinov2, hf_vit
+from poslens.models import hf_clip, hf_dinov2, hf_siglip, hf_vit
 from poslens.models.config import ModelConfig
 from poslens.models.hf_common import unsupported
 
@@ -57,7 +57,22 @@ DINOV2 = Family(
 
 CLIP = Family(hf_clip.MODEL_TYPES, hf_clip.convert, hf_clip.processor_defaults, ("CLIP",))
 
-FAMILIES: dict[str, Family] = {t: f for f in (VIT, DINOV2, CLIP) for t in f.model_types}
+SIGLIP = Family(
+    hf_siglip.SIGLIP_TYPES,
+    hf_siglip.convert,
+    hf_siglip.processor_defaults,
+    ("SiglipImageProcessor",),
+)
+SIGLIP2 = Family(
+    hf_siglip.SIGLIP2_TYPES,
+    hf_siglip.convert,
+    hf_siglip.processor_defaults,
+    ("Siglip2ImageProcessor",),
+)
+
+FAMILIES: dict[str, Family] = {
+    t: f for f in (VIT, DINOV2, CLIP, SIGLIP, SIGLIP2) for t in f.model_types
+}
 
 
 def family_of(hf: dict[str, Any], folder: Path) -> Family:
