@@ -325,3 +325,24 @@ def test_full_siglip2_model_and_classifier(tmp_path: Path) -> None:
     with torch.no_grad():
         theirs = hf(pixel_values=patches, pixel_attention_mask=mask, spatial_shapes=shapes)
     close(logits, theirs.logits)
+
+
+@pytest.mark.parametrize("config,model_cls", [("Dinov2Config", "Dinov2Model"),
+                                              ("Dinov2WithRegistersConfig", "Dinov2WithRegistersModel")])  # fmt: skip
+def test_dinov2_converted_at_its_processors_crop(
+    config: str, model_cls: str, tmp_path: Path
+) -> None:
+    """facebook/dinov2-*: image_size 518, a 224 crop. A folder whose preprocessor_config.json
+    crops to another side is converted for that side, its table resized as HF's forward does."""
+    import json
+
+    cfg = getattr(transformers, config)(**{**DINO, "image_size": 64})  # grid 8
+    hf = save(getattr(transformers, model_cls)(cfg), tmp_path)
+    proc = {"image_processor_type": "BitImageProcessor", "do_center_crop": True,
+            "crop_size": {"height": 32, "width": 32}, "size": {"shortest_edge": 36}}  # fmt: skip
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(proc))
+    x = images(32)
+    model, tokens, _, _ = ours(tmp_path, x)
+    with torch.no_grad():
+        close(tokens, hf(x).last_hidden_state)
+    assert (model.cfg.image_size, model.cfg.grid) == (32, 4)

@@ -27,21 +27,34 @@ Conventions mapped (exact up to float rounding):
 - use_swiglu_ffn: HF's gate_proj / up_proj (weights_in [2h, D]: gate rows first, as transformers'
   Chunk(dim=0) splits it) are poslens' SwiGLU fc1_g / fc1_x, down_proj its fc2; hidden
   h = (int(D * mlp_ratio * 2 / 3) + 7) // 8 * 8, given to poslens as mlp_ratio h / D.
-- The table is used at config.json's grid (image_size / patch_size); HF interpolates it
-  (bicubic) for other inputs, as poslens resamples its table (antialiased), which differ: parity
-  holds at config.json's image_size.
+- The input side: config.json's image_size, unless the folder's preprocessor_config.json makes
+  images of another square side (facebook/dinov2-*: image_size 518, a 224 centre crop). The model
+  is then converted for that side: the table is resized to its grid as HF's forward resizes it
+  for such an input (bicubic, align_corners false, in float32; antialiased for
+  dinov2_with_registers, not for dinov2), so poslens at that side is HF at that side. poslens'
+  own resampling for yet other sides (antialiased bicubic) is not HF's for dinov2.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from poslens.errors import CheckpointError, ConfigError
+from poslens.io import MAX_CONFIG_BYTES, read_json
 from poslens.models.config import ModelConfig
-from poslens.models.hf_common import Reader, field, one_architecture, square, unsupported
+from poslens.models.hf_common import (
+    PREPROCESSOR,
+    Reader,
+    field,
+    one_architecture,
+    square,
+    unsupported,
+)
 
 MODEL_TYPES = ("dinov2", "dinov2_with_registers")
 BACKBONES = ("Dinov2Model", "Dinov2Backbone", "Dinov2WithRegistersModel",
@@ -117,6 +130,30 @@ def model_config(hf: dict[str, Any], folder: Path) -> tuple[ModelConfig, int]:
     return cfg, hidden
 
 
+def eval_side(folder: Path, image_size: int) -> int:
+    """The square side of the folder's preprocessed images (its preprocessor_config.json's
+    centre crop, or its square resize without one), else image_size."""
+    where = folder / PREPROCESSOR
+    if not where.is_file():
+        return image_size
+    doc = read_json(where, "Hugging Face preprocessor config", MAX_CONFIG_BYTES)
+    if not isinstance(doc, dict):
+        return image_size
+    side = doc.get("crop_size") if doc.get("do_center_crop", True) else doc.get("size")
+    if isinstance(side, dict) and set(side) == {"height", "width"}:
+        side = side["height"] if side["height"] == side["width"] else None
+    return side if isinstance(side, int) and not isinstance(side, bool) else image_size
+
+
+def resize_table(pos: torch.Tensor, old: int, new: int, antialias: bool) -> torch.Tensor:
+    """The patches' table [1, old^2, D] at grid new x new, as HF's interpolate_pos_encoding."""
+    D = pos.shape[-1]
+    grid = pos.reshape(1, old, old, D).permute(0, 3, 1, 2)  # [1, D, old, old]
+    grid = F.interpolate(grid.float(), size=(new, new), mode="bicubic", align_corners=False,
+                         antialias=antialias)  # fmt: skip
+    return grid.permute(0, 2, 3, 1).reshape(1, new * new, D)
+
+
 def _prefix(keys: set[str], path: Path) -> str:
     for prefix in ("", "dinov2."):
         if f"{prefix}encoder.layer.0.norm1.weight" in keys:
@@ -131,19 +168,29 @@ def convert(
     and the tensors `state` (read from `path`) in `folder` (eval mode)."""
     _check_architecture(hf, folder)
     cfg, hidden = model_config(hf, folder)
+    side, grid = eval_side(folder, cfg.image_size), cfg.grid
+    if side != cfg.image_size:
+        try:
+            cfg = replace(cfg, image_size=side)
+        except ConfigError as e:
+            raise unsupported(folder, f"{PREPROCESSOR} makes {side}px images: {e}") from None
     pre = _prefix(set(state), path)
-    D, C, P, N, R = cfg.dim, cfg.in_chans, cfg.patch_size, cfg.grid**2, cfg.num_registers
+    D, C, P, R = cfg.dim, cfg.in_chans, cfg.patch_size, cfg.num_registers
     r = Reader(state, path)
     e = f"{pre}embeddings."
     sd: dict[str, torch.Tensor] = {}
     # patch embedding: conv [D, C, P, P] with bias [D], as poslens' patch_embed
     sd["patch_embed.weight"] = r.take(f"{e}patch_embeddings.projection.weight", (D, C, P, P))
     sd["patch_embed.bias"] = r.take(f"{e}patch_embeddings.projection.bias", (D,))
-    pos = r.take(f"{e}position_embeddings", (1, 1 + N, D))  # [1, 1 + N, D]: CLS, patches
+    pos = r.take(f"{e}position_embeddings", (1, 1 + grid**2, D))  # [1, 1 + g^2, D]: CLS, patches
     sd["cls_token"] = r.take(f"{e}cls_token", (1, 1, D)) + pos[:, :1]
     if R:
         sd["reg_tokens"] = r.take(f"{e}register_tokens", (1, R, D))  # no position
     sd["pos_embed"] = pos[:, 1:].contiguous()  # [1, N, D]
+    if grid != cfg.grid:  # the eval side's grid, as HF resizes the table for it
+        sd["pos_embed"] = resize_table(
+            sd["pos_embed"], grid, cfg.grid, hf["model_type"] == "dinov2_with_registers"
+        )
     new = f"{pre}encoder.layer.0.attention.q_proj.weight" in state
     for i in range(cfg.depth):
         b, p = f"{pre}encoder.layer.{i}.", f"blocks.{i}."
