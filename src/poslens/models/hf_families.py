@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from poslens.models import hf_beit, hf_dinov3, hf_vit
+from poslens.models import hf_beit, hf_clip, hf_dinov2, hf_dinov3, hf_siglip, hf_vit
 from poslens.models.config import ModelConfig
 from poslens.models.hf_common import unsupported
 
@@ -55,7 +55,28 @@ DINOV3 = Family(
     hf_dinov3.MODEL_TYPES, hf_dinov3.convert, hf_dinov3.processor_defaults, ("DINOv3ViT",)
 )
 
-FAMILIES: dict[str, Family] = {t: f for f in (VIT, BEIT, DINOV3) for t in f.model_types}
+DINOV2 = Family(
+    hf_dinov2.MODEL_TYPES, hf_dinov2.convert, hf_dinov2.processor_defaults, ("BitImageProcessor",)
+)
+
+CLIP = Family(hf_clip.MODEL_TYPES, hf_clip.convert, hf_clip.processor_defaults, ("CLIP",))
+
+SIGLIP = Family(
+    hf_siglip.SIGLIP_TYPES,
+    hf_siglip.convert,
+    hf_siglip.processor_defaults,
+    ("SiglipImageProcessor",),
+)
+SIGLIP2 = Family(
+    hf_siglip.SIGLIP2_TYPES,
+    hf_siglip.convert,
+    hf_siglip.processor_defaults,
+    ("Siglip2ImageProcessor",),
+)
+
+FAMILIES: dict[str, Family] = {
+    t: f for f in (VIT, BEIT, DINOV3, DINOV2, CLIP, SIGLIP, SIGLIP2) for t in f.model_types
+}
 
 
 def family_of(hf: dict[str, Any], folder: Path) -> Family:

@@ -1,5 +1,6 @@
-"""The ViT / DeiT family of hf:DIR (models/hf_families.py): a local Hugging Face transformers ViT
-or DeiT folder as the poslens ViT, exactly.
+"""The ViT-layout family of hf:DIR (models/hf_families.py): a local Hugging Face transformers ViT,
+DeiT, ViT-MSN, ViT-MAE or I-JEPA folder as the poslens ViT, exactly (the five share ViT's tensor
+names and block).
 
 A folder is what `save_pretrained(DIR, safe_serialization=True)` or `huggingface-cli download`
 writes: config.json, model.safetensors (never a pickle) and, optionally, preprocessor_config.json.
@@ -16,6 +17,18 @@ Layouts accepted (config.json "model_type" vit or deit):
 - DeiT's distillation token becomes poslens' one register: prefix tokens CLS, distillation, then
   the patches, as in HF. DeiTForImageClassificationWithTeacher (logits = the mean of a CLS head and
   a distillation head) is refused: poslens has one head on CLS and cannot reproduce that mean.
+- vit_msn: ViTMSNModel / ViTMSNForImageClassification (classifier on the normalised CLS token) as
+  ViT's; the classifier's file keeps its blocks under `encoder.` without the `vit.` prefix of its
+  embeddings (the original checkpoints' names, which transformers writes back), read as such.
+- vit_mae: ViTMAEModel or ViTMAEForPreTraining, the encoder only (no classifier, num_classes 0):
+  the pretraining decoder (every `decoder.` tensor) is dropped. HF's encoder shuffles the patches
+  by random noise and keeps (1 - config.mask_ratio) of them; poslens' forward is the encoder on
+  every patch in order, which is HF's ViTMAEModel with config.mask_ratio 0 and
+  noise = arange(N) (argsort of the noise: the identity order). The position table (fixed 2-D
+  sin-cos in MAE, stored in the file) is read as a table like ViT's.
+- ijepa: IJepaModel / IJepaForImageClassification: no CLS token (position table [1, N, D] for
+  the patches alone); the classifier reads the mean of all the normalised tokens (poslens pool
+  "mean", cls_token false, as HF's). An optional pooler is dropped like ViT's.
 
 Key names of both transformers generations (transformers 5 still writes the old names to disk,
 but holds the new ones in its modules, so a file saved from its state_dict has them):
@@ -57,13 +70,34 @@ from poslens.models.hf_common import (
     unsupported,
 )
 
-MODEL_TYPES = ("vit", "deit")
-ARCHITECTURES = {  # config.json "architectures" -> whether it has a classifier head
-    "ViTForImageClassification": True,
-    "ViTModel": False,
-    "DeiTForImageClassification": True,
-    "DeiTModel": False,
+
+@dataclass(frozen=True)
+class Kind:
+    """What differs between the model types of this family."""
+
+    prefix: (
+        str  # the base model's attribute in a For... class (`vit.` in ViTForImageClassification)
+    )
+    architectures: dict[str, bool]  # config.json "architectures" -> whether it has a classifier
+    cls_token: bool = True  # I-JEPA has none
+    eps: float = 1e-12  # the config class's layer_norm_eps default
+    dropped_prefixes: tuple[str, ...] = ()  # whole parts of a file poslens does not use
+
+
+KINDS: dict[str, Kind] = {
+    "vit": Kind("vit.", {"ViTForImageClassification": True, "ViTModel": False}),
+    "deit": Kind("deit.", {"DeiTForImageClassification": True, "DeiTModel": False}),
+    "vit_msn": Kind("vit.", {"ViTMSNForImageClassification": True, "ViTMSNModel": False}, eps=1e-6),
+    "vit_mae": Kind(
+        "vit.",
+        {"ViTMAEModel": False, "ViTMAEForPreTraining": False},
+        dropped_prefixes=("decoder.",),
+    ),
+    "ijepa": Kind(
+        "ijepa.", {"IJepaForImageClassification": True, "IJepaModel": False}, cls_token=False
+    ),
 }
+MODEL_TYPES = tuple(KINDS)
 TEACHER = "DeiTForImageClassificationWithTeacher"
 # ViTConfig / DeiTConfig defaults, for fields a config.json leaves out
 DEFAULTS: dict[str, Any] = {
@@ -72,7 +106,6 @@ DEFAULTS: dict[str, Any] = {
     "num_attention_heads": 12,
     "intermediate_size": 3072,
     "hidden_act": "gelu",
-    "layer_norm_eps": 1e-12,
     "image_size": 224,
     "patch_size": 16,
     "num_channels": 3,
@@ -93,18 +126,17 @@ def _teacher(folder: Path) -> CheckpointError:
 def _kind(hf: dict[str, Any], folder: Path) -> tuple[str, bool | None]:
     """(model_type, whether the architecture has a classifier; None when config.json omits it)."""
     model_type = hf.get("model_type")
-    if model_type not in MODEL_TYPES:
-        raise unsupported(folder, f"model_type {model_type!r} (this converter takes vit and deit)")
+    if model_type not in KINDS:
+        raise unsupported(folder, f"model_type {model_type!r} (this converter takes {MODEL_TYPES})")
     arch = one_architecture(hf, folder)
     if arch is None:
         return model_type, None
     if arch == TEACHER:
         raise _teacher(folder)
-    if arch not in ARCHITECTURES or not arch.lower().startswith(model_type):
-        raise unsupported(
-            folder, f"architecture {arch} (poslens converts {', '.join(ARCHITECTURES)})"
-        )
-    return model_type, ARCHITECTURES[arch]
+    archs = KINDS[model_type].architectures
+    if arch not in archs:
+        raise unsupported(folder, f"architecture {arch} (poslens converts {', '.join(archs)})")
+    return model_type, archs[arch]
 
 
 def model_config(hf: dict[str, Any], num_classes: int, folder: Path) -> ModelConfig:
@@ -115,7 +147,9 @@ def model_config(hf: dict[str, Any], num_classes: int, folder: Path) -> ModelCon
         raise unsupported(folder, f"hidden_act {act!r} (poslens' MLP uses exact GELU, 'gelu')")
     dim = field(hf, "hidden_size", int, folder, DEFAULTS)
     hidden = field(hf, "intermediate_size", int, folder, DEFAULTS)
-    eps = field(hf, "layer_norm_eps", (int, float), folder, DEFAULTS)
+    kind = KINDS[model_type]
+    defaults = {**DEFAULTS, "layer_norm_eps": kind.eps}
+    eps = field(hf, "layer_norm_eps", (int, float), folder, defaults)
     try:
         cfg = ModelConfig(
             image_size=square(hf, "image_size", folder, DEFAULTS),
@@ -127,9 +161,9 @@ def model_config(hf: dict[str, Any], num_classes: int, folder: Path) -> ModelCon
             heads=field(hf, "num_attention_heads", int, folder, DEFAULTS),
             mlp_ratio=hidden / dim,
             posenc="ape",
-            cls_token=True,
+            cls_token=kind.cls_token,
             num_registers=1 if model_type == "deit" else 0,  # DeiT's distillation token
-            pool="cls",
+            pool="cls" if kind.cls_token else "mean",  # I-JEPA: the mean of all tokens
             qkv_bias=field(hf, "qkv_bias", bool, folder, DEFAULTS),
             norm_eps=float(eps),
         )
@@ -146,7 +180,7 @@ def model_config(hf: dict[str, Any], num_classes: int, folder: Path) -> ModelCon
 class Layout:
     """Where a folder's tensors are: the prefix ("vit.", "deit." or "") and the key generation."""
 
-    prefix: str
+    prefix: str  # of the blocks
     new_names: bool  # vit.layers.i.attention.q_proj (transformers 5 modules) vs encoder.layer.i
 
     def block(self, i: int) -> dict[str, str]:
@@ -166,14 +200,20 @@ class Layout:
         return {**attn, **mlp, "ln1": f"{b}layernorm_before", "ln2": f"{b}layernorm_after"}
 
 
-def _layout(keys: set[str], model_type: str, path: Path) -> Layout:
-    """The layout whose block 0 is in the file (old names first, with the prefix first)."""
-    for prefix in (f"{model_type}.", ""):
+def _layout(keys: set[str], model_type: str, path: Path) -> tuple[Layout, str]:
+    """The layout whose block 0 is in the file (old names first, with the prefix first), and the
+    prefix of the embeddings and final norm (the blocks' but for ViTMSNForImageClassification's
+    files, whose blocks lack the `vit.` of its embeddings)."""
+    base = KINDS[model_type].prefix
+    for prefix in (base, ""):
         for new in (False, True):
             layout = Layout(prefix, new)
             if layout.block(0)["ln1"] + ".weight" in keys:
-                return layout
-    want = Layout(f"{model_type}.", False).block(0)["ln1"] + ".weight"
+                other = base if prefix == "" else ""
+                emb = f"{prefix}embeddings.patch_embeddings.projection.weight"
+                has_other = f"{other}embeddings.patch_embeddings.projection.weight" in keys
+                return layout, (other if emb not in keys and has_other else prefix)
+    want = Layout(base, False).block(0)["ln1"] + ".weight"
     raise CheckpointError(
         f"{path} is missing tensor {want} (no {model_type} blocks under any known name)"
     )
@@ -187,7 +227,10 @@ def convert(
     model_type, has_head = _kind(hf, folder)
     if "cls_classifier.weight" in state and "distillation_classifier.weight" in state:
         raise _teacher(folder)
-    layout = _layout(set(state), model_type, path)
+    kind = KINDS[model_type]
+    if kind.dropped_prefixes:  # ViT-MAE's decoder
+        state = {k: v for k, v in state.items() if not k.startswith(kind.dropped_prefixes)}
+    layout, top = _layout(set(state), model_type, path)
     if has_head is None:  # no "architectures" in config.json: the weights say
         has_head = "classifier.weight" in state
     if has_head and "classifier.weight" not in state:
@@ -204,7 +247,7 @@ def convert(
     hidden = int(D * cfg.mlp_ratio)
     npre = cfg.num_prefix  # 1 (CLS) for ViT, 2 (CLS, distillation) for DeiT
     r = Reader(state, path)
-    e = f"{layout.prefix}embeddings."
+    e = f"{top}embeddings."
     sd: dict[str, torch.Tensor] = {}
     # patch embedding: conv [D, C, P, P] with bias [D], as poslens' patch_embed
     sd["patch_embed.weight"], sd["patch_embed.bias"] = (
@@ -213,7 +256,8 @@ def convert(
     )
     pos = r.take(f"{e}position_embeddings", (1, npre + N, D))  # [1, prefix + N, D]
     # prefix tokens [1, 1, D] each, with their constant share of the position table folded in
-    sd["cls_token"] = r.take(f"{e}cls_token", (1, 1, D)) + pos[:, :1]
+    if cfg.cls_token:
+        sd["cls_token"] = r.take(f"{e}cls_token", (1, 1, D)) + pos[:, :1]
     if model_type == "deit":
         sd["reg_tokens"] = r.take(f"{e}distillation_token", (1, 1, D)) + pos[:, 1:2]
     sd["pos_embed"] = pos[:, npre:].contiguous()  # [1, N, D], patches row-major as poslens'
@@ -229,7 +273,7 @@ def convert(
         for ours in ("ln1", "ln2"):
             sd[p + ours + ".weight"] = r.take(names[ours] + ".weight", (D,))
             sd[p + ours + ".bias"] = r.take(names[ours] + ".bias", (D,))
-    ln = f"{layout.prefix}layernorm"
+    ln = f"{top}layernorm"
     sd["ln_final.weight"], sd["ln_final.bias"] = (
         r.take(ln + ".weight", (D,)),
         r.take(ln + ".bias", (D,)),
@@ -238,14 +282,15 @@ def convert(
         sd["head.weight"], sd["head.bias"] = r.linear("classifier", num_classes, D)
     else:  # a backbone: poslens' empty head, logits [B, 0]
         sd["head.weight"], sd["head.bias"] = torch.zeros(0, D), torch.zeros(0)
-    r.finish(tuple(layout.prefix + d for d in DROPPED))
+    r.finish(tuple(top + d for d in DROPPED))
     return cfg, sd
 
 
 def processor_defaults(hf: dict[str, Any], image_size: int) -> dict[str, Any]:
     """ViTImageProcessor's / DeiTImageProcessor's defaults for fields a folder leaves out, at the
-    model's input side (at 224: squash to 224; DeiT squash to 256, then centre crop 224)."""
-    if hf.get("model_type") == "vit":
+    model's input side (at 224: squash to 224; DeiT squash to 256, then centre crop 224). ViT-MSN,
+    ViT-MAE and I-JEPA take ViTImageProcessor (transformers' AutoImageProcessor mapping)."""
+    if hf.get("model_type") != "deit":
         return {"size": {"height": image_size, "width": image_size}, "resample": 2}
     side = math.floor(image_size / 0.875)
     return {
@@ -256,4 +301,4 @@ def processor_defaults(hf: dict[str, Any], image_size: int) -> dict[str, Any]:
     }
 
 
-__all__ = ["DEFAULTS", "MODEL_TYPES", "convert", "model_config", "processor_defaults"]
+__all__ = ["DEFAULTS", "KINDS", "MODEL_TYPES", "convert", "model_config", "processor_defaults"]
