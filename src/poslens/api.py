@@ -46,8 +46,9 @@ def load(
     `spec` "timm:NAME" converts timm model NAME with weights from a local .safetensors file
     (`weights=PATH`) or timm's pretrained download (`weights="hub"`); needs the [timm] extra.
     `spec` "hf:DIR" converts a local Hugging Face transformers folder (config.json +
-    model.safetensors; `weights` overrides the latter) of model_type vit, deit, beit,
-    data2vec-vision or dinov3_vit (models/hf_families.py); needs no extra (models/hf_convert.py).
+    model.safetensors; `weights` overrides the latter) of a model_type models/hf_families.py
+    lists (vit, deit, vit_msn, vit_mae, ijepa, beit, data2vec-vision, dinov3_vit, dinov2[_with_
+    registers], clip[_vision_model], siglip[2][_vision_model]); needs no extra (hf_convert.py).
     The weights must match config.json (their stored model fingerprint) and come from a
     finished training run (checkpoint_status) unless `allow_unfinished`.
     """
