@@ -38,6 +38,7 @@ BASE = dict(
 # case -> (model class, config fields beyond SMALL)
 CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "beit_cls_relpos_mean": ("BeitForImageClassification", REL),
+    "beit_cls_relpos_cls_token": ("BeitForImageClassification", {**REL, "use_mean_pooling": False}),
     "beit_cls_ape_no_layer_scale": ("BeitForImageClassification", {**APE, "layer_scale_init_value": 0.0}),
     "beit_model_shared_cls_token": ("BeitModel", {**SHARED, "use_mean_pooling": False}),
     "beit_model_both_tables_mean": ("BeitModel", {**REL, **SHARED}),
@@ -110,8 +111,10 @@ def max_diff(ours: poslens.models.ViT, model: torch.nn.Module, n: int = 3) -> fl
     if "pooled" in theirs:
         pooled = cache["fc_norm.hook_normalized"] if cfg.fc_norm else cache[last][:, 0]
         pairs.append((pooled, theirs["pooled"]))
-    if "logits" in theirs:
-        pairs.append((logits, theirs["logits"]))
+    if "logits" in theirs:  # with hooks on the last block, and without (CLS exit where pooled)
+        with torch.no_grad():
+            plain = ours(x)
+        pairs += [(logits, theirs["logits"]), (plain, theirs["logits"])]
     else:
         assert logits.shape == (n, 0)
     for a, b in pairs:
