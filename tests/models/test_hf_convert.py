@@ -140,7 +140,7 @@ def test_weights_that_do_not_fit_are_one_line(edit: Any, message: str, tmp_path:
     [
         ({"hidden_act": "gelu_new"}, "hidden_act 'gelu_new'"),
         ({"hidden_act": "gelu_pytorch_tanh"}, "exact GELU"),
-        ({"model_type": "swin"}, "model_type 'swin' (poslens converts vit and deit)"),
+        ({"model_type": "swin"}, "model_type 'swin' (poslens converts vit, deit"),
         ({"architectures": ["ViTForMaskedImageModeling"]}, "architecture ViTForMaskedImageModeling"),
         ({"model_type": "deit", "architectures": ["DeiTForImageClassificationWithTeacher"]}, "averages a CLS and a distillation head"),
         ({"image_size": [8, 16]}, "image_size [8, 16]"),
