@@ -45,8 +45,10 @@ def load(
     `spec` may also be the model.safetensors file itself; `weights` overrides the weights file.
     `spec` "timm:NAME" converts timm model NAME with weights from a local .safetensors file
     (`weights=PATH`) or timm's pretrained download (`weights="hub"`); needs the [timm] extra.
-    `spec` "hf:DIR" converts a local Hugging Face transformers ViT / DeiT folder (config.json +
-    model.safetensors; `weights` overrides the latter); needs no extra (models/hf_convert.py).
+    `spec` "hf:DIR" converts a local Hugging Face transformers folder (config.json +
+    model.safetensors; `weights` overrides the latter) of model type vit, deit, vit_msn,
+    vit_mae, ijepa, dinov2(_with_registers), clip(_vision_model), siglip(_vision_model) or
+    siglip2(_vision_model); needs no extra (models/hf_convert.py, models/hf_families.py).
     The weights must match config.json (their stored model fingerprint) and come from a
     finished training run (checkpoint_status) unless `allow_unfinished`.
     """
