@@ -86,3 +86,13 @@ def test_the_family_table() -> None:
               "clip_vision_model", "clip", "siglip_vision_model", "siglip",
               "siglip2_vision_model", "siglip2"):  # fmt: skip
         assert t in FAMILIES[t].model_types
+
+
+def test_position_ids_out_of_order_are_refused(tmp_path: Path) -> None:
+    """position_ids buffers are dropped only when they are arange (the table's rows in order)."""
+    root = write(tmp_path, {**SMALL, "model_type": "clip_vision_model"})
+    ids = torch.arange(17).flip(0)[None]
+    save_file({"embeddings.position_ids": ids}, root / "model.safetensors")
+    with pytest.raises(CheckpointError) as e:
+        poslens.load(f"hf:{root}")
+    assert "embeddings.position_ids is not the rows 0..n-1 in order" in str(e.value)

@@ -216,8 +216,15 @@ def _clip_config(**vision: Any) -> Any:
 
 
 def test_full_clip_model_is_its_image_tower(tmp_path: Path) -> None:
-    """A CLIPModel folder: vision_model.* and visual_projection; the text tower is dropped."""
+    """A CLIPModel folder: vision_model.* and visual_projection; the text tower is dropped, and
+    so are the position_ids buffers (int64 arange) of files converted from older pickles."""
+    from safetensors.torch import load_file, save_file
+
     hf = save(transformers.CLIPModel(_clip_config()), tmp_path)
+    state = load_file(tmp_path / "model.safetensors")
+    state["vision_model.embeddings.position_ids"] = torch.arange(17)[None]
+    state["text_model.embeddings.position_ids"] = torch.arange(8)[None]
+    save_file(state, tmp_path / "model.safetensors")
     x = images()
     _, tokens, _, logits = ours(tmp_path, x)
     with torch.no_grad():

@@ -6,8 +6,11 @@ Reading it needs neither transformers nor a network: config.json is plain JSON, 
 renamed and reshaped by the family's converter, and every tensor of the file is either used or
 named there as dropped.
 
-config.json's "model_type" picks the family (models/hf_families.py: vit and deit in hf_vit.py,
-...); what a family cannot reproduce exactly is a one-line CheckpointError naming it.
+config.json's "model_type" picks the family (models/hf_families.py: vit, deit, vit_msn, vit_mae,
+ijepa in hf_vit.py, dinov2 in hf_dinov2.py, clip in hf_clip.py, siglip / siglip2 in
+hf_siglip.py); what a family cannot reproduce exactly is a one-line CheckpointError naming it.
+Index buffers `...position_ids` (int64 arange, in files converted from older pickles, e.g. CLIP's
+hub folders) are dropped here for every family, after checking they are the rows in order.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import torch
 from poslens.errors import CheckpointError, DataError
 from poslens.io import MAX_CONFIG_BYTES, check_float_weights, load_tensors, read_json
 from poslens.models.config import ModelConfig
-from poslens.models.hf_common import PREPROCESSOR, read_config, weights_file
+from poslens.models.hf_common import PREPROCESSOR, drop_position_ids, read_config, weights_file
 from poslens.models.hf_families import family_of
 from poslens.models.hf_vit import model_config
 from poslens.models.vit import ViT
@@ -37,7 +40,7 @@ def convert(
     path = Path(weights) if weights is not None else weights_file(folder)
     if not path.is_file():
         raise CheckpointError(f"hf:{folder}: weights file {path} not found")
-    state = load_tensors(path)
+    state = drop_position_ids(load_tensors(path), path)  # index buffers [1, n] = arange(n)
     check_float_weights(state, str(path))
     return family.convert(hf, state, folder, path)
 
