@@ -81,3 +81,14 @@ def test_another_familys_processor_is_one_line(model_type: str, kind: str, tmp_p
     with pytest.raises(DataError) as e:
         hf_preprocess(root, 224)
     assert f"image processor {kind} is not supported" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_siglip2_processor_of_another_grid_is_one_line(tmp_path: Path) -> None:
+    """max_num_patches 256 would make a 16 x 16 grid of a square image; the model is converted
+    for its config.json grid (here 14 x 14 at 224 px)."""
+    proc = processor("Siglip2ImageProcessor", max_num_patches=256, patch_size=16)
+    root = folder(tmp_path, "siglip2_vision_model", proc)
+    with pytest.raises(DataError) as e:
+        hf_preprocess(root, 224)
+    assert "max_num_patches 256 of 16 px patches is not the model's grid (14 x 14" in str(e.value)
+    assert "\n" not in str(e.value)

@@ -115,6 +115,9 @@ def hf_preprocess(folder: str | Path, image_size: int) -> Any:
     if not kind.startswith(kinds):
         raise DataError(f"{where}: image processor {kind} is not supported ({', '.join(kinds)})")
     p = {**family.processor_defaults(hf, image_size), **doc}
+    reason = family.check_processor(hf, p, image_size) if family.check_processor else None
+    if reason:
+        raise DataError(f"{where}: {reason}")
     if not p.get("do_resize", True) or not p.get("do_rescale", True):
         raise DataError(
             f"{where}: poslens needs do_resize and do_rescale (uint8 images in, resized)"
