@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from tests.data.test_hf_images import folder, images, processor  # skips without transformers
+from tests.data.test_hf_images import folder, images, processor, transformers  # skips without it
 
 from poslens.errors import DataError
 from poslens.models.hf_convert import hf_preprocess
@@ -92,3 +92,28 @@ def test_siglip2_processor_of_another_grid_is_one_line(tmp_path: Path) -> None:
         hf_preprocess(root, 224)
     assert "max_num_patches 256 of 16 px patches is not the model's grid (14 x 14" in str(e.value)
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "model_type,name,kind",
+    [("clip", "CLIPImageProcessor", "CLIPFeatureExtractor"),
+     ("dinov2", "BitImageProcessor", "BitImageProcessor")],
+)  # fmt: skip
+def test_an_int_size_is_the_shorter_side_for_clip_and_bit(
+    model_type: str, name: str, kind: str, tmp_path: Path
+) -> None:
+    """openai/clip-vit-*'s old preprocessor_config.json says "size": 224, which CLIP's (and
+    Bit's) processor reads as the shorter side (default_to_square false), not a square."""
+    legacy = {"feature_extractor_type": kind, "size": 256, "crop_size": 224, "do_center_crop": True,
+              "do_resize": True, "do_normalize": True, "resample": 3,
+              "image_mean": [0.48145466, 0.4578275, 0.40821073],
+              "image_std": [0.26862954, 0.26130258, 0.27577711]}  # fmt: skip
+    root = folder(tmp_path, model_type, None)
+    (root / "preprocessor_config.json").write_text(json.dumps(legacy))
+    cls = getattr(transformers, f"{name}Pil", None) or getattr(transformers, name)
+    proc = cls.from_pretrained(root)
+    ours = hf_preprocess(root, 224)
+    for image in images():
+        theirs = torch.from_numpy(proc(image, return_tensors="np").pixel_values)
+        mine = ours.normalise(torch.from_numpy(ours.crop(image))[None])
+        torch.testing.assert_close(mine, theirs, atol=1e-5, rtol=0.0)

@@ -81,11 +81,12 @@ def hf_synsets(num_classes: int) -> list[str] | None:
 _RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
 
 
-def _side(v: Any, what: str, where: Path) -> tuple[int, bool]:
+def _side(v: Any, what: str, where: Path, int_square: bool = True) -> tuple[int, bool]:
     """(side, squash) of a processor size: {"height", "width"} (squash to a square) or
-    {"shortest_edge"} (shorter side, aspect kept); an int is a square (old feature extractors)."""
+    {"shortest_edge"} (shorter side, aspect kept); an int (old feature extractors) is a square,
+    or the shorter side where the processor class has default_to_square false (CLIP, Bit)."""
     if isinstance(v, int) and not isinstance(v, bool):
-        return v, True
+        return v, int_square
     if isinstance(v, dict) and set(v) == {"height", "width"} and v["height"] == v["width"]:
         return int(v["height"]), True
     if isinstance(v, dict) and set(v) == {"shortest_edge"}:
@@ -127,7 +128,7 @@ def hf_preprocess(folder: str | Path, image_size: int) -> Any:
     resample = _RESAMPLE.get(p.get("resample", 2))
     if resample is None:
         raise DataError(f"{where}: resample {p.get('resample')!r} is not a PIL filter 0..5")
-    size, squash = _side(p.get("size"), "size", where)
+    size, squash = _side(p.get("size"), "size", where, bool(p.get("default_to_square", True)))
     crop = size
     if p.get("do_center_crop", False):
         crop, square = _side(p.get("crop_size"), "crop_size", where)
