@@ -216,8 +216,15 @@ def _clip_config(**vision: Any) -> Any:
 
 
 def test_full_clip_model_is_its_image_tower(tmp_path: Path) -> None:
-    """A CLIPModel folder: vision_model.* and visual_projection; the text tower is dropped."""
+    """A CLIPModel folder: vision_model.* and visual_projection; the text tower is dropped, and
+    so are the position_ids buffers (int64 arange) of files converted from older pickles."""
+    from safetensors.torch import load_file, save_file
+
     hf = save(transformers.CLIPModel(_clip_config()), tmp_path)
+    state = load_file(tmp_path / "model.safetensors")
+    state["vision_model.embeddings.position_ids"] = torch.arange(17)[None]
+    state["text_model.embeddings.position_ids"] = torch.arange(8)[None]
+    save_file(state, tmp_path / "model.safetensors")
     x = images()
     _, tokens, _, logits = ours(tmp_path, x)
     with torch.no_grad():
@@ -346,3 +353,31 @@ def test_dinov2_converted_at_its_processors_crop(
     with torch.no_grad():
         close(tokens, hf(x).last_hidden_state)
     assert (model.cfg.image_size, model.cfg.grid) == (32, 4)
+
+
+# ---------------------------------------------------------------- hooks on converted models
+@pytest.mark.parametrize(
+    "build,prefix",
+    [
+        (lambda: transformers.Dinov2WithRegistersModel(transformers.Dinov2WithRegistersConfig(**DINO)), 5),
+        (lambda: transformers.CLIPVisionModel(transformers.CLIPVisionConfig(**SMALL)), 1),
+        (lambda: transformers.SiglipVisionModel(transformers.SiglipVisionConfig(**SMALL)), 0),
+        (lambda: transformers.IJepaModel(transformers.IJepaConfig(**SMALL)), 0),
+    ],
+)  # fmt: skip
+def test_hook_vocabulary_on_converted_models(build: Any, prefix: int, tmp_path: Path) -> None:
+    """The usual hook points read the converted models: [B, N, D] patch embeddings, [B, T, D]
+    residuals and final tokens, [B, H, T, T] attention patterns (T = prefix tokens + patches)."""
+    save(build(), tmp_path)
+    model = poslens.load(f"hf:{tmp_path}")
+    x, T = images(), prefix + 16
+    sites = ["hook_embed", "blocks.0.hook_resid_pre", "blocks.1.attn.hook_pattern",
+             "blocks.1.hook_resid_post", "ln_final.hook_normalized"]  # fmt: skip
+    with torch.no_grad():
+        _, cache = model.run_with_cache(x, sites)
+    assert cache["hook_embed"].shape == (N, 16, 32)
+    assert cache["blocks.0.hook_resid_pre"].shape == (N, T, 32)
+    assert cache["blocks.1.attn.hook_pattern"].shape == (N, 2, T, T)
+    torch.testing.assert_close(cache["blocks.1.attn.hook_pattern"].sum(-1), torch.ones(N, 2, T))
+    assert cache["ln_final.hook_normalized"].shape == (N, T, 32)
+    assert model.cfg.num_prefix == prefix

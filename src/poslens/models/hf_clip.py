@@ -210,6 +210,7 @@ def processor_defaults(hf: dict[str, Any], image_size: int) -> dict[str, Any]:
     (224 in the class), bicubic, centre crop, OpenAI CLIP's mean and std."""
     return {
         "size": {"shortest_edge": image_size},
+        "default_to_square": False,  # an int size is the shorter side
         "resample": 3,
         "do_center_crop": True,
         "crop_size": {"height": image_size, "width": image_size},

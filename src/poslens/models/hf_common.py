@@ -84,6 +84,19 @@ def one_architecture(hf: Mapping[str, Any], folder: Path) -> str | None:
     return str(archs[0]) if archs else None
 
 
+def drop_position_ids(state: dict[str, torch.Tensor], path: Path) -> dict[str, torch.Tensor]:
+    """The state without its `...position_ids` index buffers (int64 [1, n] = arange(n), which
+    files converted from older transformers pickles hold, e.g. CLIP's): they only say the rows
+    of the position table are used in order, as poslens uses them. Any other is refused."""
+    out = {}
+    for k, v in state.items():
+        if not k.endswith("position_ids"):
+            out[k] = v
+        elif v.is_floating_point() or not torch.equal(v.flatten(), torch.arange(v.numel())):
+            raise CheckpointError(f"{path}: tensor {k} is not the rows 0..n-1 in order")
+    return out
+
+
 class Reader:
     """Takes tensors out of a file's state dict by HF name, checking each shape; what is left at
     the end is an unexpected tensor."""
@@ -123,6 +136,7 @@ __all__ = [
     "PREPROCESSOR",
     "WEIGHTS",
     "Reader",
+    "drop_position_ids",
     "field",
     "one_architecture",
     "read_config",

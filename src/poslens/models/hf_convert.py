@@ -6,8 +6,11 @@ Reading it needs neither transformers nor a network: config.json is plain JSON, 
 renamed and reshaped by the family's converter, and every tensor of the file is either used or
 named there as dropped.
 
-config.json's "model_type" picks the family (models/hf_families.py: vit and deit in hf_vit.py,
-...); what a family cannot reproduce exactly is a one-line CheckpointError naming it.
+config.json's "model_type" picks the family (models/hf_families.py: vit, deit, vit_msn, vit_mae,
+ijepa in hf_vit.py, dinov2 in hf_dinov2.py, clip in hf_clip.py, siglip / siglip2 in
+hf_siglip.py); what a family cannot reproduce exactly is a one-line CheckpointError naming it.
+Index buffers `...position_ids` (int64 arange, in files converted from older pickles, e.g. CLIP's
+hub folders) are dropped here for every family, after checking they are the rows in order.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import torch
 from poslens.errors import CheckpointError, DataError
 from poslens.io import MAX_CONFIG_BYTES, check_float_weights, load_tensors, read_json
 from poslens.models.config import ModelConfig
-from poslens.models.hf_common import PREPROCESSOR, read_config, weights_file
+from poslens.models.hf_common import PREPROCESSOR, drop_position_ids, read_config, weights_file
 from poslens.models.hf_families import family_of
 from poslens.models.hf_vit import model_config
 from poslens.models.vit import ViT
@@ -37,9 +40,9 @@ def convert(
     path = Path(weights) if weights is not None else weights_file(folder)
     if not path.is_file():
         raise CheckpointError(f"hf:{folder}: weights file {path} not found")
-    state = load_tensors(path)
+    state = drop_position_ids(load_tensors(path), path)  # index buffers [1, n] = arange(n)
     # the integer index buffers of older BEiT / data2vec-vision files (relative_position_index,
-    # rebuilt by the forward) are the one non-float tensor a family drops (hf_beit.py)
+    # rebuilt by the forward) are the other non-float tensors a family drops (hf_beit.py)
     floats = {k: v for k, v in state.items() if not k.endswith("relative_position_index")}
     check_float_weights(floats, str(path))
     return family.convert(hf, state, folder, path)
@@ -81,11 +84,12 @@ def hf_synsets(num_classes: int) -> list[str] | None:
 _RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
 
 
-def _side(v: Any, what: str, where: Path) -> tuple[int, bool]:
+def _side(v: Any, what: str, where: Path, int_square: bool = True) -> tuple[int, bool]:
     """(side, squash) of a processor size: {"height", "width"} (squash to a square) or
-    {"shortest_edge"} (shorter side, aspect kept); an int is a square (old feature extractors)."""
+    {"shortest_edge"} (shorter side, aspect kept); an int (old feature extractors) is a square,
+    or the shorter side where the processor class has default_to_square false (CLIP, Bit)."""
     if isinstance(v, int) and not isinstance(v, bool):
-        return v, True
+        return v, int_square
     if isinstance(v, dict) and set(v) == {"height", "width"} and v["height"] == v["width"]:
         return int(v["height"]), True
     if isinstance(v, dict) and set(v) == {"shortest_edge"}:
@@ -115,6 +119,9 @@ def hf_preprocess(folder: str | Path, image_size: int) -> Any:
     if not kind.startswith(kinds):
         raise DataError(f"{where}: image processor {kind} is not supported ({', '.join(kinds)})")
     p = {**family.processor_defaults(hf, image_size), **doc}
+    reason = family.check_processor(hf, p, image_size) if family.check_processor else None
+    if reason:
+        raise DataError(f"{where}: {reason}")
     if not p.get("do_resize", True) or not p.get("do_rescale", True):
         raise DataError(
             f"{where}: poslens needs do_resize and do_rescale (uint8 images in, resized)"
@@ -124,7 +131,7 @@ def hf_preprocess(folder: str | Path, image_size: int) -> Any:
     resample = _RESAMPLE.get(p.get("resample", 2))
     if resample is None:
         raise DataError(f"{where}: resample {p.get('resample')!r} is not a PIL filter 0..5")
-    size, squash = _side(p.get("size"), "size", where)
+    size, squash = _side(p.get("size"), "size", where, bool(p.get("default_to_square", True)))
     crop = size
     if p.get("do_center_crop", False):
         crop, square = _side(p.get("crop_size"), "crop_size", where)

@@ -240,6 +240,7 @@ def processor_defaults(hf: dict[str, Any], image_size: int) -> dict[str, Any]:
     mean and std (facebook/dinov2-* folders override these: shorter side 256, ImageNet's)."""
     return {
         "size": {"shortest_edge": image_size},
+        "default_to_square": False,  # an int size is the shorter side
         "resample": 3,
         "do_center_crop": True,
         "crop_size": {"height": image_size, "width": image_size},

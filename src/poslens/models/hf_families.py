@@ -35,18 +35,23 @@ Converter = Callable[
     tuple[ModelConfig, dict[str, torch.Tensor]],
 ]
 ProcessorDefaults = Callable[[dict[str, Any], int], dict[str, Any]]
+# (config.json, the processor's fields with the defaults, image_size) -> why poslens' Preprocess
+# would not give the model's input as HF's processor does, or None
+ProcessorCheck = Callable[[dict[str, Any], dict[str, Any], int], str | None]
 
 
 @dataclass(frozen=True)
 class Family:
     """One converter: the model types it takes, how it converts, and its eval preprocessing
     (processor_kinds: the prefixes of the image_processor_type / feature_extractor_type it
-    reproduces, the first being the default when a folder names none)."""
+    reproduces, the first being the default when a folder names none; check_processor, where
+    given, refuses processor fields hf_preprocess does not read but that change the input)."""
 
     model_types: tuple[str, ...]
     convert: Converter
     processor_defaults: ProcessorDefaults
     processor_kinds: tuple[str, ...]
+    check_processor: ProcessorCheck | None = None
 
 
 VIT = Family(hf_vit.MODEL_TYPES, hf_vit.convert, hf_vit.processor_defaults, ("ViT", "DeiT"))
@@ -72,6 +77,7 @@ SIGLIP2 = Family(
     hf_siglip.convert,
     hf_siglip.processor_defaults,
     ("Siglip2ImageProcessor",),
+    hf_siglip.check_siglip2_processor,  # its max_num_patches must be the converted grid
 )
 
 FAMILIES: dict[str, Family] = {

@@ -165,12 +165,35 @@ def processor_defaults(hf: dict[str, Any], image_size: int) -> dict[str, Any]:
     max_num_patches patches, keeping the aspect ratio, is a squash to the side for square
     images: see the module docstring)."""
     v2 = str(hf.get("model_type")).startswith("siglip2")
-    return {
+    out = {
         "size": {"height": image_size, "width": image_size},
         "resample": 2 if v2 else 3,
         "image_mean": [0.5, 0.5, 0.5],
         "image_std": [0.5, 0.5, 0.5],
     }
+    patch = vision_config(hf, ("siglip2",), Path(".")).get("patch_size", DEFAULTS["patch_size"])
+    if v2 and isinstance(patch, int) and patch > 0:  # the processor at the model's grid
+        out |= {"max_num_patches": (image_size // patch) ** 2, "patch_size": patch}
+    return out
 
 
-__all__ = ["SIGLIP2_TYPES", "SIGLIP_TYPES", "convert", "processor_defaults"]
+def check_siglip2_processor(hf: dict[str, Any], p: dict[str, Any], image_size: int) -> str | None:
+    """Why Siglip2ImageProcessor's fields `p` would not make square images the model's grid
+    (max_num_patches and patch_size, default 256 and 16, must be its grid and patch), or None."""
+    v = vision_config(hf, ("siglip2",), Path("."))
+    patch = v.get("patch_size", DEFAULTS["patch_size"])
+    grid = image_size // patch if isinstance(patch, int) and patch else 0
+    got = (p.get("max_num_patches", 256), p.get("patch_size", 16))
+    if got != (grid * grid, patch):
+        return (f"max_num_patches {got[0]} of {got[1]} px patches is not the model's grid "
+                f"({grid} x {grid} patches of {patch} px), which poslens converts for")  # fmt: skip
+    return None
+
+
+__all__ = [
+    "SIGLIP2_TYPES",
+    "SIGLIP_TYPES",
+    "check_siglip2_processor",
+    "convert",
+    "processor_defaults",
+]

@@ -225,6 +225,7 @@ def convert(
     """ModelConfig and poslens state dict reproducing the HF ViT / DeiT of config.json `hf`
     and the tensors `state` (read from `path`) in `folder` (eval mode)."""
     model_type, has_head = _kind(hf, folder)
+    model_config(hf, 0, folder)  # what config.json asks that poslens cannot do, before the tensors
     if "cls_classifier.weight" in state and "distillation_classifier.weight" in state:
         raise _teacher(folder)
     kind = KINDS[model_type]
