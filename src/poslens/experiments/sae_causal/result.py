@@ -255,9 +255,11 @@ def headline(d: dict[str, Any]) -> Headline:
     draws each number is its mean over the draws that measured it (None where none did)."""
     each = [_sites_headline(s) for s in (d["sae_sites"], *d.get("sae_draws", []))]
     out: Headline = {}
-    for k in each[0]:
+    # every key of any draw: a group (e.g. the row + column latents zeroed) exists only in the
+    # draws whose SAE found its latents
+    for k in dict.fromkeys(k for h in each for k in h):
         xs = [x for h in each if (x := h.get(k)) is not None and math.isfinite(x)]
-        out[k] = float(np.mean(xs)) if xs else each[0][k]
+        out[k] = float(np.mean(xs)) if xs else next(h[k] for h in each if k in h)
     for k, x in (d.get("position_table") or {}).items():
         out[f"table.{k}"] = x
     return out

@@ -102,7 +102,7 @@ def ape_downstream_notes(v: View) -> Notes:
          list(_beyond_matched(v, "d_margin", -1.0).values)),
         ("exact probe at the output: drop toward chance beyond matched random latents",
          list(_beyond_matched(v, sae.fixed_drop("out")).values)),
-        ("SAE k (chosen by the reconstruction criterion)", column(v, sae.k_key(SITE), v.seeds(E_SAE))),
+        ("SAE k (the study's, or chosen by the reconstruction criterion)", column(v, sae.k_key(SITE), v.seeds(E_SAE))),
         ("accuracy lost when the SAE reconstruction alone is spliced in",
          [-x for x in _sae(v, sae.RECONSTRUCTION, "d_accuracy")]),
     ]  # fmt: skip
