@@ -119,3 +119,19 @@ def test_a_control_judged_by_a_rule_reading_under_rpi_is_probed_under_rpi_if_the
                       finetune_steps=5)  # fmt: skip
         tuned = [r for r in make_plan(cfg, tmp_path).runs if r.edit and in_situ.get(r.edit).finetune]
         assert tuned and all(s.config.rpi_probes is want for r in tuned for s in r.stages[1:])
+
+
+@pytest.mark.parametrize(
+    "name,pretrained",
+    [("quick", False), ("default", False), ("paper", False), ("quick", True), ("paper", True)],
+)
+def test_every_preset_puts_an_sae_where_the_ape_claims_read(name: str, pretrained: bool) -> None:
+    """The APE rules read the SAE at the site role claims.ape.SITE; a preset whose sae_causal
+    sites lack that role would leave both APE levels unmeasured on every run."""
+    from poslens.experiments.sae_causal.config import Config as SAEConfig
+    from poslens.study.claims.ape import SITE
+
+    extra = {"pretrained": ("timm:vit_base_patch16_224=hub",), "images": "x"} if pretrained else {}
+    cfg = preset(name, **extra)
+    sites = [s.split("=", 1)[1] for s in cfg.analysis_set if s.startswith("sae_causal.sites=")]
+    assert SITE in (sites[-1].split(",") if sites else SAEConfig().sites)

@@ -213,7 +213,8 @@ def test_pretrained_config_errors(sources: tuple[Path, dict[str, Path]], tmp_pat
 def test_paper_preset_for_pretrained_models_is_the_original_protocol() -> None:
     cfg = preset("paper", pretrained=(f"timm:{APE}=hub",), images="imagenet/val")
     assert (cfg.n_images, cfg.probe_images, cfg.ssdc_images, cfg.seeds) == (5000, 1000, 1000, 3)
-    assert {"sae_causal.expansion=5", "sae_causal.k=64", "sae_causal.sites=probe"} <= set(
+    # the APE claims read the early site (claims.ape.SITE): the SAE must sit there too
+    assert {"sae_causal.expansion=5", "sae_causal.k=64", "sae_causal.sites=early,probe"} <= set(
         cfg.analysis_set
     )
     assert cfg.model_keys == (APE,)

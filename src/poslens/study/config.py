@@ -355,13 +355,14 @@ def preset(name: str, **changes: Any) -> StudyConfig:
             preset="paper",
             seeds=3,
             experiments=EXPERIMENTS,
-            # the original protocol: 5,000 images for accuracy, 1,000 for SSDC and the probes; the
-            # SAE at the probe block (the normalised residual where the probes peak), 5x, k = 64
+            # the original protocol: 5,000 images for accuracy, 1,000 for SSDC and the probes;
+            # SAEs 5x, k = 64 at the early site the APE claims read (block 2 of 12, the original's)
+            # and at the probe block (the normalised residual where the probes peak)
             n_images=5000,
             probe_images=1000,
             ssdc_images=1000,
             analysis_set=(
-                "sae_causal.sites=probe",
+                "sae_causal.sites=early,probe",
                 "sae_causal.expansion=5", "sae_causal.k=64",
             ),
             only=("sae_causal=ape,sincos",),
