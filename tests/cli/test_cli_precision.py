@@ -111,3 +111,26 @@ def test_a_precision_torch_cannot_run_is_one_user_error(
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "fp16 is not supported" in err
     assert not (tmp_path / "out").exists()
+
+
+def test_study_train_precision_sets_every_model_s_training_precision(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`poslens study --train-precision bf16` trains every model (encoding-prefixed items too)
+    in bf16; the presets stay fp32; it is refused where nothing is trained."""
+    from poslens.cli.study import with_train_precision
+    from poslens.study import preset
+    from poslens.study.plan import run_config
+
+    base = preset("default")
+    for model in ("ape", "rope_axial", "ape_shuffled"):
+        assert run_config(base, model, 0).train.precision == "fp32"
+        assert run_config(with_train_precision(base, "bf16"), model, 0).train.precision == "bf16"
+    for argv, what in (
+        (["--pretrained", "timm:vit_tiny_patch16_224=w.safetensors", "--data", str(tmp_path)],
+         "--pretrained trains none"),
+        (["--preset", "ladder"], "--train-precision does not go with --preset ladder"),
+    ):  # fmt: skip
+        out = tmp_path / "out"
+        code = main(["study", *argv, "--train-precision", "bf16", "--out", str(out)])
+        assert code != 0 and what in capsys.readouterr().err and not out.exists()

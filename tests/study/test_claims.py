@@ -505,3 +505,24 @@ def test_the_heads_nulls_are_read_inside_each_judged_model_pretrained_too() -> N
     trained = {r["model"] for r in claim(judged(calibrated()), "heads_rebuild.sharper")
                ["calibration"]["controls"]}  # fmt: skip
     assert "rope_axial, heads permuted" in trained
+
+
+def test_a_negative_control_empty_in_some_seeds_is_set_aside_not_blocking() -> None:
+    """An in-situ negative whose SAE found no row or column latents in one seed (nothing there to
+    measure, by construction of the edit) has 4 measured seeds: it does not count, but the level
+    is calibrated on its other negative; alone, it leaves the level uncalibrated."""
+    ms = calibrated()
+    cell = sae_numbers(0.02, 0.02)
+    agg = cell["sae_causal"]
+    for k in (sae.latents_key("early", "row"), sae.latents_key("early", "col")):
+        agg[k] = [2.0, 2.0, 0.0, 2.0, 2.0]  # seed 2: no row or column latents
+    agg[SITE_DROP] = [*agg[SITE_DROP][:2], None, *agg[SITE_DROP][3:]]
+    ms |= models(**{"ape~table_cell": cell})
+    c = claim(judged(ms), "ape_explicit_features.original")
+    assert c["verdict"] == SUPPORTED, c["summary"]
+    assert any(x.startswith("Set aside: negative control ape~table_cell") for x in c["caveats"])
+    row = next(r for r in c["calibration"]["controls"] if r["model"] == "ape~table_cell")
+    assert not row["measured"] and "no row or column latents" in row["not_measured"]
+    del ms["ape_cell"]  # the set-aside control alone cannot calibrate the level
+    c = claim(judged(ms), "ape_explicit_features.original")
+    assert c["verdict"] == INCONCLUSIVE and "not calibrated" in c["summary"]

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from poslens.errors import UserError
 
 if TYPE_CHECKING:
+    from poslens.study.config import StudyConfig
     from poslens.study.slurm import SlurmOptions
 
 
@@ -34,6 +36,11 @@ def study_seeds(seeds: str | None, start: int | None) -> dict[str, int]:
     if b < a:
         raise UserError(f"--seeds {seeds}: the range's end is below its start")
     return {"seed_start": a, "seeds": b - a + 1}
+
+
+def with_train_precision(cfg: StudyConfig, precision: str) -> StudyConfig:
+    """`cfg` training its models in `precision` (the last train.precision item wins)."""
+    return replace(cfg, train_set=(*cfg.train_set, f'train.precision="{precision}"'))
 
 
 def cmd_study(args: argparse.Namespace) -> int:
@@ -70,6 +77,10 @@ def cmd_study(args: argparse.Namespace) -> int:
         changes["models"] = tuple(m.strip() for m in args.models.split(",") if m.strip())
     changes.update(study_seeds(args.seeds, args.seed_start))
     cfg = preset(args.preset, **changes)
+    if args.train_precision is not None:
+        if args.pretrained:
+            raise UserError("--train-precision goes with trained models; --pretrained trains none")
+        cfg = with_train_precision(cfg, args.train_precision)
     check_output_dir(args.out)
     results = run_study(
         cfg,
@@ -99,7 +110,8 @@ def _ladder(args: argparse.Namespace) -> int:
     from poslens.study.ladder import ladder_preset, run_ladder
 
     refused = [flag for flag, given in (("--pretrained", args.pretrained), ("--data", args.data),
-               ("--rebuild-finetune", args.rebuild_finetune)) if given]  # fmt: skip
+               ("--rebuild-finetune", args.rebuild_finetune),
+               ("--train-precision", args.train_precision)) if given]  # fmt: skip
     if refused:
         raise UserError(
             f"{refused[0]} does not go with --preset ladder: the ladder trains its own models on "

@@ -111,6 +111,17 @@ class Judged:
         return self.test.no_spread or (self.seeds >= MIN_SEEDS and len(e.empty) == self.seeds)
 
     @property
+    def set_aside(self) -> bool:
+        """A negative control with too few measured seeds only because the others had nothing to
+        measure by construction (every missing seed empty: e.g. an edit that removes row/column
+        structure leaves an SAE no row or column latents): it does not count, and unlike a
+        control broken by a failed measurement it does not leave the rule uncalibrated when
+        another negative control counts."""
+        e = self.effect
+        return (self.role == "negative" and self.problem is not None and not self.degenerate
+                and bool(e.missing) and set(e.missing) <= e.empty)  # fmt: skip
+
+    @property
     def detected(self) -> bool:
         return self.problem is None and self.p_holm < ALPHA
 
@@ -212,8 +223,10 @@ def _calibration(rule: Rule, controls: list[Judged]) -> Calibration:
     # the rule then counts as calibrated for sensitivity only, and the claim says so
     counted = [c for c in negatives if c.measured]
     degenerate = [c for c in negatives if not c.measured and c.degenerate]
+    aside = [j.model for j in controls if j.set_aside]
     complete = (bool(positives) and all(c.measured for c in positives) and bool(negatives)
-                and len(counted) + len(degenerate) == len(negatives))  # fmt: skip
+                and len(counted) + len(degenerate) >= 1
+                and len(counted) + len(degenerate) + len(aside) == len(negatives))  # fmt: skip
     return Calibration(
         controls=tuple(rows),
         sensitivity=sum(c.detected for c in positives) / len(positives) if positives else None,
@@ -370,6 +383,10 @@ def _claim(
     caveats = [rule.by_construction] + ([PRETRAINED_CAVEAT] if pretrained else [])
     if pretrained and not cal.complete and rule.in_situ_gap:  # whatever the verdict says first
         caveats.append(f"Not calibrated on the studied model: {rule.in_situ_gap}.")
+    aside = [j for j in controls if j.set_aside]
+    if cal.complete and aside:
+        caveats.append("Set aside: " + "; ".join(f"negative control {j.problem}" for j in aside)
+                       + "; the level is calibrated on its other controls.")  # fmt: skip
     if cal.sensitivity_only:
         names = [c.model for c in cal.controls if c.role == "negative"]
         caveats.append(
