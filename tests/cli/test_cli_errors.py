@@ -186,3 +186,25 @@ def test_atomic_writes_get_the_usual_permissions(tmp_path: Path) -> None:
     os.umask(mask)
     assert path.stat().st_mode & 0o777 == 0o666 & ~mask
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+class _ClosedPipe:
+    """A stdout whose reader has gone (`poslens ... | head`): every write raises."""
+
+    def write(self, s: str) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    def flush(self) -> None:
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+def test_a_closed_stdout_ends_quietly_with_sigpipe_s_code(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.conftest import tiny
+
+    ck = poslens.save(tiny("ape"), tmp_path / "ck")
+    monkeypatch.setattr(sys, "stdout", _ClosedPipe())
+    assert main(["info", str(ck)]) == 141
+    monkeypatch.undo()
+    assert "Traceback" not in capsys.readouterr().err

@@ -38,6 +38,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"poslens: interrupted ({INTERRUPTED.get(args.command, '')})", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # stdout closed by the reader (`poslens study ... | head`): results
+        # are written before anything is printed, so only the printout is cut short
+        _silence_stdout()
+        return 141  # 128 + SIGPIPE, as a shell reports it
+
+
+def _silence_stdout() -> None:
+    """Point stdout at devnull so the interpreter's final flush cannot raise again."""
+    import os
+
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (AttributeError, OSError, ValueError):  # no file descriptor (a captured stdout)
+        pass
 
 
 # What an interrupted command leaves, and how to continue: only train takes --resume.
