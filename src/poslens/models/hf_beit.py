@@ -50,7 +50,14 @@ import torch
 
 from poslens.errors import CheckpointError, ConfigError
 from poslens.models.config import ModelConfig
-from poslens.models.hf_common import CONFIG, Reader, field, one_architecture, square, unsupported
+from poslens.models.hf_common import (
+    CONFIG,
+    Reader,
+    field,
+    grid_fields,
+    one_architecture,
+    unsupported,
+)
 from poslens.models.hf_vit import Layout
 from poslens.models.relpos import num_offsets
 
@@ -138,12 +145,9 @@ def model_config(
         )  # fmt: skip
     try:
         cfg = ModelConfig(
-            image_size=square(hf, "image_size", folder, DEFAULTS),
-            patch_size=square(hf, "patch_size", folder, DEFAULTS),
-            in_chans=field(hf, "num_channels", int, folder, DEFAULTS),
+            **grid_fields(hf, folder, DEFAULTS),
             num_classes=num_classes,
             dim=dim,
-            depth=field(hf, "num_hidden_layers", int, folder, DEFAULTS),
             heads=heads,
             mlp_ratio=hidden / dim,
             posenc="relpos" if rel or shared else "ape" if ape else "none",

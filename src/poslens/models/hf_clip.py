@@ -36,7 +36,15 @@ import torch
 
 from poslens.errors import CheckpointError, ConfigError
 from poslens.models.config import ModelConfig
-from poslens.models.hf_common import CONFIG, Reader, field, one_architecture, square, unsupported
+from poslens.models.hf_common import (
+    CONFIG,
+    Reader,
+    field,
+    one_architecture,
+    shorter_side_crop,
+    square,
+    unsupported,
+)
 
 MODEL_TYPES = ("clip_vision_model", "clip")
 ARCHITECTURES = {  # architecture -> (its model_type, its head: None, "projection", "classifier")
@@ -208,15 +216,7 @@ def convert(
 def processor_defaults(hf: dict[str, Any], image_size: int) -> dict[str, Any]:
     """CLIPImageProcessor's defaults at the model's side: the shorter side to image_size
     (224 in the class), bicubic, centre crop, OpenAI CLIP's mean and std."""
-    return {
-        "size": {"shortest_edge": image_size},
-        "default_to_square": False,  # an int size is the shorter side
-        "resample": 3,
-        "do_center_crop": True,
-        "crop_size": {"height": image_size, "width": image_size},
-        "image_mean": [0.48145466, 0.4578275, 0.40821073],
-        "image_std": [0.26862954, 0.26130258, 0.27577711],
-    }
+    return shorter_side_crop(image_size)
 
 
 __all__ = ["MODEL_TYPES", "convert", "processor_defaults", "read_blocks", "tower_config"]

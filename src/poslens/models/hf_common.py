@@ -131,15 +131,49 @@ class Reader:
             )
 
 
+def grid_fields(hf: Mapping[str, Any], folder: Path, defaults: Mapping[str, Any]) -> dict[str, int]:
+    """The ModelConfig fields every ViT-like config.json names the same way: image and patch side
+    (square), channels and depth (one-line CheckpointError naming the field)."""
+    return {
+        "image_size": square(hf, "image_size", folder, defaults),
+        "patch_size": square(hf, "patch_size", folder, defaults),
+        "in_chans": field(hf, "num_channels", int, folder, defaults),
+        "depth": field(hf, "num_hidden_layers", int, folder, defaults),
+    }
+
+
+# OpenAI CLIP's normalisation, the default of CLIPImageProcessor and BitImageProcessor
+OPENAI_CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
+OPENAI_CLIP_STD = [0.26862954, 0.26130258, 0.27577711]
+
+
+def shorter_side_crop(image_size: int) -> dict[str, Any]:
+    """CLIP's and Bit's image processor defaults at the model's side: the shorter side to
+    image_size, bicubic, centre crop, OpenAI CLIP's mean and std."""
+    return {
+        "size": {"shortest_edge": image_size},
+        "default_to_square": False,  # an int size is the shorter side
+        "resample": 3,
+        "do_center_crop": True,
+        "crop_size": {"height": image_size, "width": image_size},
+        "image_mean": OPENAI_CLIP_MEAN,
+        "image_std": OPENAI_CLIP_STD,
+    }
+
+
 __all__ = [
     "CONFIG",
+    "OPENAI_CLIP_MEAN",
+    "OPENAI_CLIP_STD",
     "PREPROCESSOR",
     "WEIGHTS",
     "Reader",
     "drop_position_ids",
     "field",
+    "grid_fields",
     "one_architecture",
     "read_config",
+    "shorter_side_crop",
     "square",
     "unsupported",
     "weights_file",

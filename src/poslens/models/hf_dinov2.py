@@ -51,8 +51,9 @@ from poslens.models.hf_common import (
     PREPROCESSOR,
     Reader,
     field,
+    grid_fields,
     one_architecture,
-    square,
+    shorter_side_crop,
     unsupported,
 )
 
@@ -107,12 +108,9 @@ def model_config(hf: dict[str, Any], folder: Path) -> tuple[ModelConfig, int]:
     defaults = {**DEFAULTS, "patch_size": PATCH[model_type]}
     try:
         cfg = ModelConfig(
-            image_size=square(hf, "image_size", folder, defaults),
-            patch_size=square(hf, "patch_size", folder, defaults),
-            in_chans=field(hf, "num_channels", int, folder, defaults),
+            **grid_fields(hf, folder, defaults),
             num_classes=0,
             dim=dim,
-            depth=field(hf, "num_hidden_layers", int, folder, defaults),
             heads=field(hf, "num_attention_heads", int, folder, defaults),
             mlp_ratio=hidden / dim,
             posenc="ape",
@@ -238,15 +236,7 @@ def processor_defaults(hf: dict[str, Any], image_size: int) -> dict[str, Any]:
     """BitImageProcessor's defaults (transformers' AutoImageProcessor for dinov2), at the model's
     side: the shorter side to image_size (224 in the class), bicubic, centre crop, OpenAI CLIP's
     mean and std (facebook/dinov2-* folders override these: shorter side 256, ImageNet's)."""
-    return {
-        "size": {"shortest_edge": image_size},
-        "default_to_square": False,  # an int size is the shorter side
-        "resample": 3,
-        "do_center_crop": True,
-        "crop_size": {"height": image_size, "width": image_size},
-        "image_mean": [0.48145466, 0.4578275, 0.40821073],
-        "image_std": [0.26862954, 0.26130258, 0.27577711],
-    }
+    return shorter_side_crop(image_size)
 
 
 __all__ = ["MODEL_TYPES", "convert", "model_config", "processor_defaults"]

@@ -39,7 +39,7 @@ import torch
 
 from poslens.errors import CheckpointError, ConfigError
 from poslens.models.config import ModelConfig
-from poslens.models.hf_common import Reader, field, one_architecture, square, unsupported
+from poslens.models.hf_common import Reader, field, grid_fields, one_architecture, unsupported
 from poslens.models.timm_eva import channel_order
 
 MODEL_TYPES = ("dinov3_vit",)
@@ -103,12 +103,9 @@ def model_config(hf: dict[str, Any], folder: Path) -> ModelConfig:
     theta = field(hf, "rope_theta", (int, float), folder, DEFAULTS)
     try:
         cfg = ModelConfig(
-            image_size=square(hf, "image_size", folder, DEFAULTS),
-            patch_size=square(hf, "patch_size", folder, DEFAULTS),
-            in_chans=field(hf, "num_channels", int, folder, DEFAULTS),
+            **grid_fields(hf, folder, DEFAULTS),
             num_classes=0,
             dim=dim,
-            depth=field(hf, "num_hidden_layers", int, folder, DEFAULTS),
             heads=field(hf, "num_attention_heads", int, folder, DEFAULTS),
             mlp_ratio=hidden / dim,
             posenc="rope_axial",

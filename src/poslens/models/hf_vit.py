@@ -65,8 +65,8 @@ from poslens.models.hf_common import (
     CONFIG,
     Reader,
     field,
+    grid_fields,
     one_architecture,
-    square,
     unsupported,
 )
 
@@ -152,12 +152,9 @@ def model_config(hf: dict[str, Any], num_classes: int, folder: Path) -> ModelCon
     eps = field(hf, "layer_norm_eps", (int, float), folder, defaults)
     try:
         cfg = ModelConfig(
-            image_size=square(hf, "image_size", folder, DEFAULTS),
-            patch_size=square(hf, "patch_size", folder, DEFAULTS),
-            in_chans=field(hf, "num_channels", int, folder, DEFAULTS),
+            **grid_fields(hf, folder, DEFAULTS),
             num_classes=num_classes,
             dim=dim,
-            depth=field(hf, "num_hidden_layers", int, folder, DEFAULTS),
             heads=field(hf, "num_attention_heads", int, folder, DEFAULTS),
             mlp_ratio=hidden / dim,
             posenc="ape",
