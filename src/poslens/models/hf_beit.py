@@ -51,8 +51,9 @@ import torch
 from poslens.errors import CheckpointError, ConfigError
 from poslens.models.config import ModelConfig
 from poslens.models.hf_common import (
-    CONFIG,
     Reader,
+    check_labels,
+    check_mlp_ratio,
     field,
     grid_fields,
     one_architecture,
@@ -161,10 +162,7 @@ def model_config(
         )
     except (ConfigError, ZeroDivisionError) as e:
         raise unsupported(folder, str(e)) from None
-    if int(cfg.dim * cfg.mlp_ratio) != hidden:
-        raise unsupported(
-            folder, f"intermediate_size {hidden} is not dim x a ratio poslens reproduces"
-        )
+    check_mlp_ratio(cfg, hidden, folder)
     return cfg
 
 
@@ -241,11 +239,7 @@ def convert(
     pooler = f"{p}pooler.layernorm"
     if kind == "backbone" and cfg.fc_norm and pooler + ".weight" not in state:
         cfg = replace(cfg, fc_norm=False)  # BeitModel(add_pooling_layer=False): no pooled norm
-    labels = hf.get("id2label")
-    if num_classes and isinstance(labels, dict) and len(labels) != num_classes:
-        raise CheckpointError(
-            f"{folder / CONFIG} names {len(labels)} labels (id2label), the classifier has {num_classes}"
-        )
+    check_labels(hf, num_classes, folder)
 
     D, C, P, N = cfg.dim, cfg.in_chans, cfg.patch_size, cfg.grid**2
     hidden = int(D * cfg.mlp_ratio)

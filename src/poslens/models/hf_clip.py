@@ -39,6 +39,7 @@ from poslens.models.config import ModelConfig
 from poslens.models.hf_common import (
     CONFIG,
     Reader,
+    check_mlp_ratio,
     field,
     one_architecture,
     shorter_side_crop,
@@ -110,10 +111,7 @@ def tower_config(
         )
     except (ConfigError, ZeroDivisionError) as e:
         raise unsupported(folder, str(e)) from None
-    if int(cfg.dim * cfg.mlp_ratio) != hidden:
-        raise unsupported(
-            folder, f"intermediate_size {hidden} is not dim x a ratio poslens reproduces"
-        )
+    check_mlp_ratio(cfg, hidden, folder)
     return cfg, hidden
 
 

@@ -13,6 +13,7 @@ import torch
 
 from poslens.errors import CheckpointError
 from poslens.io import MAX_CONFIG_BYTES, read_json
+from poslens.models.config import ModelConfig
 
 CONFIG, WEIGHTS, PREPROCESSOR = "config.json", "model.safetensors", "preprocessor_config.json"
 
@@ -142,6 +143,23 @@ def grid_fields(hf: Mapping[str, Any], folder: Path, defaults: Mapping[str, Any]
     }
 
 
+def check_mlp_ratio(cfg: ModelConfig, hidden: int, folder: Path) -> None:
+    """One line when intermediate_size is no width poslens' dim x mlp_ratio reproduces."""
+    if int(cfg.dim * cfg.mlp_ratio) != hidden:
+        raise unsupported(
+            folder, f"intermediate_size {hidden} is not dim x a ratio poslens reproduces"
+        )
+
+
+def check_labels(hf: Mapping[str, Any], num_classes: int, folder: Path) -> None:
+    """One line when config.json's id2label names another count of classes than the head has."""
+    labels = hf.get("id2label")
+    if num_classes and isinstance(labels, dict) and len(labels) != num_classes:
+        raise CheckpointError(
+            f"{folder / CONFIG} names {len(labels)} labels (id2label), the classifier has {num_classes}"
+        )
+
+
 # OpenAI CLIP's normalisation, the default of CLIPImageProcessor and BitImageProcessor
 OPENAI_CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
 OPENAI_CLIP_STD = [0.26862954, 0.26130258, 0.27577711]
@@ -168,6 +186,8 @@ __all__ = [
     "PREPROCESSOR",
     "WEIGHTS",
     "Reader",
+    "check_labels",
+    "check_mlp_ratio",
     "drop_position_ids",
     "field",
     "grid_fields",

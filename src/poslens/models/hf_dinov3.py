@@ -39,7 +39,14 @@ import torch
 
 from poslens.errors import CheckpointError, ConfigError
 from poslens.models.config import ModelConfig
-from poslens.models.hf_common import Reader, field, grid_fields, one_architecture, unsupported
+from poslens.models.hf_common import (
+    Reader,
+    check_mlp_ratio,
+    field,
+    grid_fields,
+    one_architecture,
+    unsupported,
+)
 from poslens.models.timm_eva import channel_order
 
 MODEL_TYPES = ("dinov3_vit",)
@@ -123,10 +130,7 @@ def model_config(hf: dict[str, Any], folder: Path) -> ModelConfig:
         )
     except (ConfigError, ZeroDivisionError) as e:
         raise unsupported(folder, str(e)) from None
-    if int(cfg.dim * cfg.mlp_ratio) != hidden:
-        raise unsupported(
-            folder, f"intermediate_size {hidden} is not dim x a ratio poslens reproduces"
-        )
+    check_mlp_ratio(cfg, hidden, folder)
     return cfg
 
 

@@ -62,8 +62,9 @@ import torch
 from poslens.errors import CheckpointError, ConfigError
 from poslens.models.config import ModelConfig
 from poslens.models.hf_common import (
-    CONFIG,
     Reader,
+    check_labels,
+    check_mlp_ratio,
     field,
     grid_fields,
     one_architecture,
@@ -166,10 +167,7 @@ def model_config(hf: dict[str, Any], num_classes: int, folder: Path) -> ModelCon
         )
     except (ConfigError, ZeroDivisionError) as e:
         raise unsupported(folder, str(e)) from None
-    if int(cfg.dim * cfg.mlp_ratio) != hidden:
-        raise unsupported(
-            folder, f"intermediate_size {hidden} is not dim x a ratio poslens reproduces"
-        )
+    check_mlp_ratio(cfg, hidden, folder)
     return cfg
 
 
@@ -235,11 +233,7 @@ def convert(
         raise CheckpointError(f"{path} is missing tensor classifier.weight")
     num_classes = int(state["classifier.weight"].shape[0]) if has_head else 0
     cfg = model_config(hf, num_classes, folder)
-    labels = hf.get("id2label")
-    if num_classes and isinstance(labels, dict) and len(labels) != num_classes:
-        raise CheckpointError(
-            f"{folder / CONFIG} names {len(labels)} labels (id2label), the classifier has {num_classes}"
-        )
+    check_labels(hf, num_classes, folder)
 
     D, C, P, N = cfg.dim, cfg.in_chans, cfg.patch_size, cfg.grid**2
     hidden = int(D * cfg.mlp_ratio)
