@@ -32,6 +32,7 @@ from poslens.models.vit import ViT
 
 if TYPE_CHECKING:
     from poslens.data import DataConfig, Task
+    from poslens.data.preprocess import Preprocess
 
 
 def load(
@@ -201,11 +202,19 @@ def load_images(path: str | Path, spec: str, model: ViT, seed: int = 0) -> Task:
     split (default "validation", else "test", else the only one).
     """
     from poslens._config import seed_argument
-    from poslens.data.folder import PretrainedFolderTask
-    from poslens.data.hf import PretrainedHFTask, is_hf_dataset
-    from poslens.data.preprocess import imagenet_synsets, timm_preprocess
 
     seed = seed_argument("seed", seed)
+    preprocess, synsets, labels = pretrained_preprocessing(spec, model)
+    return preprocessed_images(path, preprocess, model.cfg.num_classes, synsets, seed, labels)
+
+
+def pretrained_preprocessing(
+    spec: str, model: ViT
+) -> tuple[Preprocess, list[str] | None, list[str] | None]:
+    """`spec`'s eval preprocessing, ImageNet synsets in class order (1000 classes only) and, for
+    "hf:DIR", DIR's class names: what load_images reads images with."""
+    from poslens.data.preprocess import imagenet_synsets, timm_preprocess
+
     hf = isinstance(spec, str) and spec.startswith("hf:")
     if not (hf or (isinstance(spec, str) and spec.startswith("timm:"))):
         raise UserError(
@@ -214,18 +223,30 @@ def load_images(path: str | Path, spec: str, model: ViT, seed: int = 0) -> Task:
     if model.cfg.in_chans != 3:
         raise UserError(f"{spec} takes {model.cfg.in_chans} input channels; images are read as RGB")
     n = model.cfg.num_classes
-    labels = None
     if hf:
         from poslens.models.hf_convert import hf_labels, hf_preprocess, hf_synsets
 
-        preprocess = hf_preprocess(spec[len("hf:") :], model.cfg.image_size)
-        labels, synsets = hf_labels(spec[len("hf:") :], n), hf_synsets(n)
-    else:
-        preprocess = timm_preprocess(spec[len("timm:") :], model.cfg.image_size)
-        synsets = imagenet_synsets(n)
+        folder = spec[len("hf:") :]
+        return hf_preprocess(folder, model.cfg.image_size), hf_synsets(n), hf_labels(folder, n)
+    return timm_preprocess(spec[len("timm:") :], model.cfg.image_size), imagenet_synsets(n), None
+
+
+def preprocessed_images(
+    path: str | Path,
+    preprocess: Preprocess,
+    num_classes: int,
+    synsets: list[str] | None,
+    seed: int = 0,
+    labels: list[str] | None = None,
+) -> Task:
+    """The images of folder or datasets directory `path` read with `preprocess` (load_images with
+    its preprocessing already resolved, e.g. by a study's parent process)."""
+    from poslens.data.folder import PretrainedFolderTask
+    from poslens.data.hf import PretrainedHFTask, is_hf_dataset
+
     if is_hf_dataset(path):
-        return PretrainedHFTask(path, preprocess, n, synsets, seed=seed, labels=labels)
-    return PretrainedFolderTask(path, preprocess, n, synsets, seed=seed, labels=labels)
+        return PretrainedHFTask(path, preprocess, num_classes, synsets, seed=seed, labels=labels)
+    return PretrainedFolderTask(path, preprocess, num_classes, synsets, seed=seed, labels=labels)
 
 
 __all__ = ["CheckpointStatus", "checkpoint_status", "data_metadata", "load", "load_images",

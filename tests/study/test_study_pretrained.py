@@ -106,6 +106,8 @@ def test_pretrained_study_layout_schema_and_claims(study: tuple[Path, dict[str, 
             assert r["pretrained"]["chance"] == pytest.approx(0.2)
             assert 0 <= r["pretrained"]["test_acc"] <= 1 and r["pretrained"]["n_images"] == 40
     assert not (out / "checkpoints").exists()  # nothing is trained
+    # each pretrained model converted once, by the parent, for every run of it to load
+    assert sorted(f.name.rsplit("_", 1)[0] for f in (out / "converted").iterdir()) == [APE, ROPE]
     stages = [(s["stage"], s["model"], s["seed"]) for s in res["timings"]["stages"]]
     assert stages[:4] == [("load", APE, 0), ("depth_profile", APE, 0),
                           ("position_removal", APE, 0), ("axis_map", APE, 0)]  # fmt: skip
@@ -333,3 +335,67 @@ def test_cli_fine_tune_options_reach_the_study_config(
     assert main([*base, "--rebuild-finetune", "300", "--finetune-lr", "3e-5",
                  "--finetune-batch", "16"]) == 0  # fmt: skip
     assert seen == [(0, 1e-4, 32), (300, 3e-5, 16)]
+
+
+def test_prepared_models_match_a_conversion_and_are_converted_once(
+    sources: tuple[Path, dict[str, Path]], tmp_path: Path
+) -> None:
+    """The study's parent converts each pretrained model once into OUT/converted/: a worker's
+    model from that folder has the converted model's weights and outputs, its images are read
+    with the same preprocessing; a rerun reuses the folder, replaced weights convert again."""
+    from poslens.study.plan import make_plan
+    from poslens.study.prepared import PREPROCESS_FILE, prepare
+    from poslens.study.stages import Source
+
+    cfg = _cfg(*sources)
+    plan = make_plan(cfg, tmp_path)
+    folders = prepare(tmp_path, cfg.pretrained_models)
+    assert set(folders) == {APE, ROPE}
+    for run in [r for r in plan.runs if r.seed == 1 and not r.edit]:
+        prepared = Source.of(run, out=tmp_path)
+        assert prepared.prepared == folders[run.model]
+        (m1, t1), (m2, t2) = prepared.load("cpu"), Source.of(run).load("cpu")
+        s1, s2 = m1.state_dict(), m2.state_dict()
+        assert s1.keys() == s2.keys() and all(torch.equal(s1[k], s2[k]) for k in s1)
+        (x1, y1), (x2, y2) = t1.split("test"), t2.split("test")
+        assert torch.equal(x1, x2) and torch.equal(y1, y2)
+        with torch.no_grad():
+            assert torch.equal(m1(x1[:4]), m2(x2[:4]))
+    marker = folders[ROPE] / PREPROCESS_FILE
+    before = marker.stat().st_mtime_ns
+    assert prepare(tmp_path, cfg.pretrained_models) == folders and marker.stat().st_mtime_ns == before
+    weights = sources[1][ROPE]
+    os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 1))
+    again = prepare(tmp_path, cfg.pretrained_models)
+    assert again[ROPE] != folders[ROPE] and (again[ROPE] / PREPROCESS_FILE).is_file()
+    assert again[APE] == folders[APE]
+
+
+def test_a_worker_reads_a_prepared_model_without_timm(
+    sources: tuple[Path, dict[str, Path]], tmp_path: Path
+) -> None:
+    """What a study worker does with a prepared model (load it, read its images, run a stage)
+    never imports timm: the 0.2 GB a worker saves (issue 47)."""
+    import subprocess
+    import sys
+
+    from poslens.study.config import Pretrained
+    from poslens.study.prepared import prepare
+
+    images, weights = sources
+    (folder,) = prepare(tmp_path, (Pretrained(ROPE, f"timm:{ROPE}", str(weights[ROPE])),)).values()
+    script = f"""
+import sys
+sys.modules["timm"] = None  # any import of timm now fails
+import torch
+from poslens.study.stages import Source
+src = Source(spec="timm:{ROPE}", weights={str(weights[ROPE])!r}, images={str(images)!r},
+             edit="heads_axis_split", prepared=__import__("pathlib").Path({str(folder)!r}))
+model, task = src.load("cpu")
+x, y = task.split("test")
+with torch.no_grad():
+    print(tuple(model(x[:2]).shape), src.not_applied)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["(2,", "5)", "None"]

@@ -35,6 +35,7 @@ from poslens.study.executor import Executor
 from poslens.study.judge import evaluate_claims
 from poslens.study.plan import Plan, make_plan
 from poslens.study.pool import execute, make_executor
+from poslens.study.prepared import PREPARED_DIR, prepare
 from poslens.study.schema import SCHEMA
 from poslens.study.slurm import SlurmOptions, SubmititPool
 
@@ -60,7 +61,8 @@ def run_study(
     plan = make_plan(cfg, out, device, threads, jobs)  # every config error before any work
     executor = make_executor(plan, slurm)
     with locked(plan.out, "study"):
-        sweep_temp_files(plan.out, ("checkpoints", "runs", "figures"))  # a kill -9's leftovers
+        sweep_temp_files(plan.out, ("checkpoints", "runs", "figures", PREPARED_DIR))  # kill -9's
+        prepare(plan.out, cfg.pretrained_models)  # converted once here, not in every worker
         return _run(plan, executor, progress)
 
 

@@ -36,6 +36,7 @@ from poslens.models.vit import ViT
 from poslens.precision import autocast
 from poslens.study.config import TASK_PREFIX, config_hash
 from poslens.study.plan import RunPlan, Stage, stage_hash
+from poslens.study.prepared import is_prepared, load_prepared, prepared_dir, prepared_images
 from poslens.training.finetune import FineTune
 
 TUNED_FILE = "finetuned.safetensors"  # a fine-tune control's tuned weights, in its run folder
@@ -75,6 +76,7 @@ class Source:
     edit: str = ""  # an in-situ control (interventions.in_situ) applied to every model loaded
     finetune: FineTune | None = None  # a fine-tune control: how the studied weights are tuned
     cache: Path | None = None  # a fine-tune control's run folder: its tuned weights are kept there
+    prepared: Path | None = None  # the model converted by the study's parent (study/prepared.py)
     not_applied: str | None = field(default=None, init=False, compare=False)  # why not, once loaded
     finetuned: dict[str, Any] | None = field(default=None, init=False, compare=False)  # what was done
 
@@ -88,12 +90,16 @@ class Source:
     _loaded: ViT | None = field(default=None, init=False, compare=False, repr=False)
 
     @classmethod
-    def of(cls, run: RunPlan, run_dir: Path | None = None) -> Source:
+    def of(cls, run: RunPlan, run_dir: Path | None = None, out: Path | None = None) -> Source:
+        """`run`'s source; with the study's `out`, a pretrained model its parent converted
+        there is loaded from that folder (else converted in this process)."""
         if run.pretrained is None:
             return cls(checkpoint=run.checkpoint, edit=run.edit)
         p = run.pretrained
+        folder = None if out is None else prepared_dir(out, p)
         return cls(spec=p.spec, weights=p.weights, images=run.images, seed=run.seed, edit=run.edit,
-                   finetune=run.finetune, cache=run_dir)  # fmt: skip
+                   finetune=run.finetune, cache=run_dir,
+                   prepared=folder if is_prepared(folder) else None)  # fmt: skip
 
     def load(self, device: str) -> tuple[ViT, Task]:
         """A fresh model (stages never share one), under the in-situ edit (or fine-tune) where it
@@ -101,6 +107,8 @@ class Source:
         if self._loaded is None:  # a run's stages all run on its one device
             if self.checkpoint is not None:
                 self._loaded = poslens.load(self.checkpoint, device=device)
+            elif self.prepared is not None:
+                self._loaded = load_prepared(self.prepared, device)
             else:
                 self._loaded = converted(self.spec, self.weights, device)
         model = copy.deepcopy(self._loaded)
@@ -110,6 +118,9 @@ class Source:
             elif self.images.startswith(TASK_PREFIX):  # a poslens checkpoint's own task
                 self._task = poslens.load_task(self.images[len(TASK_PREFIX) :])
                 check_task_fits(self._task, model, self.images)
+            elif self.prepared is not None:
+                self._task = prepared_images(self.prepared, self.images, model.cfg.num_classes,
+                                             self.seed)  # fmt: skip
             else:
                 self._task = poslens.load_images(self.images, self.spec, model, seed=self.seed)
         if self.edit:
@@ -358,7 +369,7 @@ def run_one(
     if threads:
         torch.set_num_threads(threads)
     run_dir = out / "runs" / run.model / f"seed{run.seed}"
-    source = Source.of(run, run_dir)
+    source = Source.of(run, run_dir, out)
     entry: dict[str, Any] = {}
     posenc = run.model
     not_applied: str | None = None  # a pretrained model that its in-situ edit does not fit
