@@ -363,3 +363,29 @@ def test_sae_draws_average_their_headlines_and_keep_the_first_draw(tmp_path: Pat
     with pytest.raises(ConfigError, match="sae_draws must be 1 with given SAEs"):
         site = "blocks.1.ln1.hook_normalized"
         sae_causal.run(m, task, two, saes={site: TopKSAE(m.cfg.dim, 4 * m.cfg.dim, 4, site=site)})
+
+
+def test_sae_passes_stay_within_the_analysis_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The SAE's activation stores and codes are collected at most the analysis batch per forward
+    pass (a pretrained ViT's batch is sized to its memory), and at their own default when the
+    analysis batch is larger; the store holds the same tokens either way."""
+    m, task = tiny("ape", num_classes=16), build_task(DATA)
+    seen: list[int] = []
+    cache_until = ViT.cache_until
+
+    def recording(self: ViT, x: torch.Tensor, *a: object, **k: object) -> dict[str, torch.Tensor]:
+        seen.append(len(x))
+        return cache_until(self, x, *a, **k)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ViT, "cache_until", recording)
+    site = "blocks.1.ln1.hook_normalized"
+    for batch, most in ((7, 7), (400, sae_causal.phases.STORE_BATCH_IMAGES)):
+        seen.clear()
+        cfg = sae_causal.Config(sites=(site,), n_images=30, probe_images=20, batch_size=batch,
+                                train_images=300, epochs=1, k=4, doses=(2,), draws=1)  # fmt: skip
+        sae_causal.fit_site_sae(m, task, cfg, site)
+        assert seen and max(seen) == most
+    x = task.split("val")[0][:40]
+    small = sae_causal.phases.ActivationStore.from_model(m, x, site, batch_images=7)
+    whole = sae_causal.phases.ActivationStore.from_model(m, x, site)
+    assert torch.allclose(torch.as_tensor(small.acts_ND), torch.as_tensor(whole.acts_ND), atol=1e-6)

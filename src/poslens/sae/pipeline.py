@@ -30,6 +30,8 @@ from poslens.sae.model import TopKSAE
 from poslens.sae.store import ActivationStore
 from poslens.sae.train import train_sae
 
+CODES_BATCH_IMAGES = 256  # images per forward pass in patch_codes
+
 
 def training_images(task: Task, n: int, batch: int = 256) -> torch.Tensor:
     """n fresh training images [n, C, H, W] (the same ones for the same task seed)."""
@@ -41,7 +43,9 @@ def training_images(task: Task, n: int, batch: int = 256) -> torch.Tensor:
 
 
 @torch.no_grad()
-def patch_codes(model: ViT, sae: TopKSAE, images: torch.Tensor, batch: int = 256) -> np.ndarray:
+def patch_codes(
+    model: ViT, sae: TopKSAE, images: torch.Tensor, batch: int = CODES_BATCH_IMAGES
+) -> np.ndarray:
     """SAE codes [N, gh*gw, F] of the patch tokens at the SAE's site."""
     p = model.cfg.num_prefix
     out = []

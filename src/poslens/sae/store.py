@@ -21,6 +21,9 @@ from poslens import distributed
 from poslens.errors import DataError
 from poslens.models import ViT
 
+# images per forward pass when a store is built (analysis passes it its smaller batch on big models)
+STORE_BATCH_IMAGES = 128
+
 
 class ActivationStore:
     """Tokens [N, D] (float32) with positions and image indices; `grid` is (gh, gw) or None."""
@@ -50,7 +53,7 @@ class ActivationStore:
         site: str,
         include_prefix: bool = False,
         path: str | Path | None = None,
-        batch_images: int = 128,
+        batch_images: int = STORE_BATCH_IMAGES,
         shard: bool = True,
     ) -> ActivationStore:
         """Run `model` over images [N, C, H, W] and keep the tokens at `site` (patches unless

@@ -41,8 +41,8 @@ from poslens.progress import track
 from poslens.sae.latents import PositionalLatents, find_positional_latents
 from poslens.sae.metrics import evaluate, spliced_quality
 from poslens.sae.model import TopKSAE
-from poslens.sae.pipeline import patch_codes, training_images
-from poslens.sae.store import ActivationStore
+from poslens.sae.pipeline import CODES_BATCH_IMAGES, patch_codes, training_images
+from poslens.sae.store import STORE_BATCH_IMAGES, ActivationStore
 from poslens.sae.train import train_sae
 
 Planned = tuple[str, Condition, dict[str, Any]]  # name, condition, meta (family, group, n, draw)
@@ -123,6 +123,13 @@ def probe_table(r: Readout, sites: list[int]) -> dict[str, np.ndarray]:
     }
 
 
+def forward_batch(cfg: Config, default: int) -> int:
+    """Images per forward pass when collecting SAE activations or codes: `default`, or the
+    analysis batch where that is smaller (sized to the model: limits.auto_batch_size), so a
+    pretrained model's passes stay within the memory its analysis batch was sized for."""
+    return min(default, cfg.batch_size or default)
+
+
 def selection_images(data: Task, cfg: Config) -> tuple[torch.Tensor, torch.Tensor]:
     """The images k is chosen on: the first max(n_images, SELECTION_IMAGES) of the val split."""
     x, y = data.split("val")
@@ -167,7 +174,12 @@ def fit_site_sae(
         tried = [(sae, reconstruction_cost(model, sae, xs, ys, cfg))]
     else:
         with autocast(model, cfg.precision):
-            store = ActivationStore.from_model(model, training_images(data, cfg.train_images), site)
+            store = ActivationStore.from_model(
+                model,
+                training_images(data, cfg.train_images),
+                site,
+                batch_images=forward_batch(cfg, STORE_BATCH_IMAGES),
+            )
         ladder = cfg.k_ladder(store.d_in)
         tried = []
         for k in ladder if model.cfg.num_classes else ladder[:1]:
@@ -220,9 +232,11 @@ def run_site(
     sae, k_selection = fit_site_sae(model, data, dcfg, site, sae)
     xv = data.split("val")[0][: cfg.probe_images]
     with autocast(model, cfg.precision):
-        val_store = ActivationStore.from_model(model, xv, site)
+        val_store = ActivationStore.from_model(
+            model, xv, site, batch_images=forward_batch(cfg, STORE_BATCH_IMAGES)
+        )
     quality = evaluate(sae, val_store)
-    codes = patch_codes(model, sae, xv)  # fp32: the SAE's codes go to numpy
+    codes = patch_codes(model, sae, xv, forward_batch(cfg, CODES_BATCH_IMAGES))  # fp32 codes
     pl = find_positional_latents(codes, *model.grid_of(xv[:1]))
     fixed = base.fixed_probes()
     results, probes = [], {}
