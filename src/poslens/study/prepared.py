@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import poslens
+from poslens.allocator import release_freed_memory
 from poslens.api import preprocessed_images, pretrained_preprocessing
 from poslens.data import Task
 from poslens.data.preprocess import Preprocess
@@ -62,6 +63,7 @@ def prepare(out: Path, pretrained: tuple[Pretrained, ...]) -> dict[str, Path]:
             "labels": labels,
         })  # fmt: skip
         del model
+        release_freed_memory()  # the conversion's copies: the parent holds nothing for the runs
     return folders
 
 
