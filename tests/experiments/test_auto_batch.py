@@ -24,7 +24,7 @@ def vit(dim: int, depth: int, heads: int, image: int = 224) -> ModelConfig:
 
 
 def test_the_cpu_batch_fills_its_fixed_budget_and_no_more() -> None:
-    for cfg, low, high in ((vit(384, 12, 6), 20, 60), (vit(768, 12, 12), 8, 30)):
+    for cfg, low, high in ((vit(384, 12, 6), 6, 16), (vit(768, 12, 12), 3, 8)):
         b = limits.auto_batch_size(cfg, "cpu")
         assert low <= b <= high
         budget = limits.CPU_BATCH_BYTES

@@ -43,8 +43,9 @@ WHITEN_EPS = 1e-3  # added to the eigenvalues of the standardised covariance (me
 MAX_LOGITS = 50_000_000
 # at most this many bytes of one problem's features (its float32 tokens of every image); more
 # sites are fitted in groups, so that the fit's working copies stay near this size (a ViT-S's 13
-# sites x 80 images x 196 tokens are 300 MB, a ViT-B's 1,000 images 7.7 GB)
-MAX_FEATURE_BYTES = 64 * 2**20
+# sites x 80 images x 196 tokens are 300 MB, a ViT-B's 1,000 images 7.7 GB; the default study's
+# 5 sites 4 MB, one problem)
+MAX_FEATURE_BYTES = 32 * 2**20
 # fitted probes kept for identical inputs, up to this many bytes of weights and whiteners: a
 # condition that leaves the features unchanged (random SAE latents that never fire) costs nothing
 MEMO_BYTES = 64 * 2**20

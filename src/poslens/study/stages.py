@@ -105,14 +105,15 @@ class Source:
     def load(self, device: str) -> tuple[ViT, Task]:
         """A fresh model (stages never share one), under the in-situ edit (or fine-tune) where it
         applies, and the run's images."""
-        if self._loaded is None:  # a run's stages all run on its one device
-            if self.checkpoint is not None:
-                self._loaded = poslens.load(self.checkpoint, device=device)
-            elif self.prepared is not None:
-                self._loaded = load_prepared(self.prepared, device)
-            else:
-                self._loaded = converted(self.spec, self.weights, device)
-        model = copy.deepcopy(self._loaded)
+        if self.prepared is not None:  # read again per stage: no second copy held meanwhile
+            model = load_prepared(self.prepared, device)
+        else:
+            if self._loaded is None:  # a run's stages all run on its one device
+                if self.checkpoint is not None:
+                    self._loaded = poslens.load(self.checkpoint, device=device)
+                else:
+                    self._loaded = converted(self.spec, self.weights, device)
+            model = copy.deepcopy(self._loaded)
         if self._task is None:
             if self.checkpoint is not None:
                 self._task = poslens.load_task(self.checkpoint)
