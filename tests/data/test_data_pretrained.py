@@ -130,3 +130,15 @@ def test_task_rejects_folder_that_does_not_fit(tmp_path: Path) -> None:
         _write(root / label / "0.png", 40, 40, seed=0)
     with pytest.raises(DataError, match="2 class folders cannot be matched to the model's 5"):
         PretrainedFolderTask(root, Preprocess(image_size=32), num_classes=5)
+
+
+def test_normalise_is_the_formula_on_a_copy() -> None:
+    """normalise works in place on its own float copy: the values of (x / 255 - mean) / std bit
+    for bit, and the caller's tensor, uint8 or already float, is never changed."""
+    p = Preprocess(image_size=8)
+    mean, std = torch.tensor(p.mean).view(1, -1, 1, 1), torch.tensor(p.std).view(1, -1, 1, 1)
+    for pixels in (torch.randint(0, 256, (4, 3, 8, 8), dtype=torch.uint8),
+                   torch.rand(4, 3, 8, 8) * 255):  # fmt: skip
+        before = pixels.clone()
+        assert torch.equal(p.normalise(pixels), (pixels.float() / 255 - mean) / std)
+        assert torch.equal(pixels, before)

@@ -134,11 +134,11 @@ class Preprocess:
         return np.ascontiguousarray(pixels.transpose(2, 0, 1))  # HWC -> CHW
 
     def normalise(self, pixels: Tensor) -> Tensor:
-        """uint8 [N, 3, S, S] -> float32 (x / 255 - mean) / std, as ToTensor + Normalize."""
-        x = pixels.float().div(255)
+        """uint8 [N, 3, S, S] -> float32 (x / 255 - mean) / std, as ToTensor + Normalize; in place
+        on the one float copy (200 images at 224 px are 120 MB a copy)."""
         mean = torch.tensor(self.mean).view(1, -1, 1, 1)
         std = torch.tensor(self.std).view(1, -1, 1, 1)
-        return (x - mean) / std
+        return pixels.to(torch.float32, copy=True).div_(255).sub_(mean).div_(std)
 
 
 def timm_preprocess(name: str, image_size: int) -> Preprocess:

@@ -39,7 +39,7 @@ def training_images(task: Task, n: int, batch: int = 256) -> torch.Tensor:
         task.train_batch(step, min(batch, n - step * batch))[0]
         for step in range((n + batch - 1) // batch)
     ]
-    return torch.cat(chunks)
+    return chunks[0] if len(chunks) == 1 else torch.cat(chunks)  # no copy of a single batch
 
 
 @torch.no_grad()
