@@ -349,7 +349,7 @@ def test_prepared_models_match_a_conversion_and_are_converted_once(
 
     cfg = _cfg(*sources)
     plan = make_plan(cfg, tmp_path)
-    folders = prepare(tmp_path, cfg.pretrained_models)
+    folders = prepare(tmp_path, cfg.pretrained_models, cfg.images)
     assert set(folders) == {APE, ROPE}
     for run in [r for r in plan.runs if r.seed == 1 and not r.edit]:
         prepared = Source.of(run, out=tmp_path)
@@ -363,10 +363,10 @@ def test_prepared_models_match_a_conversion_and_are_converted_once(
             assert torch.equal(m1(x1[:4]), m2(x2[:4]))
     marker = folders[ROPE] / PREPROCESS_FILE
     before = marker.stat().st_mtime_ns
-    assert prepare(tmp_path, cfg.pretrained_models) == folders and marker.stat().st_mtime_ns == before
+    assert prepare(tmp_path, cfg.pretrained_models, cfg.images) == folders and marker.stat().st_mtime_ns == before
     weights = sources[1][ROPE]
     os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 1))
-    again = prepare(tmp_path, cfg.pretrained_models)
+    again = prepare(tmp_path, cfg.pretrained_models, cfg.images)
     assert again[ROPE] != folders[ROPE] and (again[ROPE] / PREPROCESS_FILE).is_file()
     assert again[APE] == folders[APE]
 
@@ -383,7 +383,8 @@ def test_a_worker_reads_a_prepared_model_without_timm(
     from poslens.study.prepared import prepare
 
     images, weights = sources
-    (folder,) = prepare(tmp_path, (Pretrained(ROPE, f"timm:{ROPE}", str(weights[ROPE])),)).values()
+    pretrained = (Pretrained(ROPE, f"timm:{ROPE}", str(weights[ROPE])),)
+    (folder,) = prepare(tmp_path, pretrained, str(images)).values()
     script = f"""
 import sys
 sys.modules["timm"] = None  # any import of timm now fails

@@ -18,7 +18,7 @@ from poslens.data.preprocess import Preprocess
 from poslens.errors import CheckpointError
 from poslens.io import read_json, write_json
 from poslens.models.vit import ViT
-from poslens.study.config import Pretrained, config_hash
+from poslens.study.config import TASK_PREFIX, Pretrained, config_hash
 
 PREPARED_DIR = "converted"  # under the study's output folder
 PREPROCESS_FILE = "preprocess.json"  # written last: its presence marks a finished folder
@@ -37,31 +37,33 @@ def source_key(spec: str, weights: str) -> dict[str, Any]:
     return {"spec": spec, "weights": weights, "files": stats}
 
 
-def prepared_dir(out: Path, p: Pretrained) -> Path:
-    """Where pretrained model `p` of the study writing into `out` is kept converted."""
-    return out / PREPARED_DIR / f"{p.key}_{config_hash(source_key(p.spec, p.weights))}"
+def prepared_dir(out: Path, p: Pretrained, images: str) -> Path:
+    """Where pretrained model `p` of the study writing into `out` is kept converted; `images`
+    a poslens checkpoint's own task (TASK_PREFIX) keeps no preprocessing, so its own folder."""
+    key = source_key(p.spec, p.weights) | {"own_task": images.startswith(TASK_PREFIX)}
+    return out / PREPARED_DIR / f"{p.key}_{config_hash(key)}"
 
 
-def prepare(out: Path, pretrained: tuple[Pretrained, ...]) -> dict[str, Path]:
+def prepare(out: Path, pretrained: tuple[Pretrained, ...], images: str) -> dict[str, Path]:
     """Convert each pretrained model not yet converted under `out` (a finished folder of the
-    same source is reused); returns the folders by model key. Runs in the study's parent."""
+    same source is reused) with the preprocessing that reading `images` needs (none for a
+    checkpoint's own task); returns the folders by model key. Runs in the study's parent."""
     folders = {}
     for p in pretrained:
-        folder = prepared_dir(out, p)
+        folder = prepared_dir(out, p, images)
         folders[p.key] = folder
         if (folder / PREPROCESS_FILE).is_file():
             continue
         if folder.exists():  # a killed conversion's leftovers
             shutil.rmtree(folder)
         model = poslens.load(p.spec, weights=p.weights)
-        preprocess, synsets, labels = pretrained_preprocessing(p.spec, model)
+        reading: dict[str, Any] = {"preprocess": None, "synsets": None, "labels": None}
+        if not images.startswith(TASK_PREFIX):  # a checkpoint's own task is read as it is
+            preprocess, synsets, labels = pretrained_preprocessing(p.spec, model)
+            reading = {"preprocess": dataclasses.asdict(preprocess), "synsets": synsets,
+                       "labels": labels}  # fmt: skip
         poslens.save(model, folder)
-        write_json(folder / PREPROCESS_FILE, {
-            "source": source_key(p.spec, p.weights),
-            "preprocess": dataclasses.asdict(preprocess),
-            "synsets": synsets,
-            "labels": labels,
-        })  # fmt: skip
+        write_json(folder / PREPROCESS_FILE, {"source": source_key(p.spec, p.weights)} | reading)
         del model
         release_freed_memory()  # the conversion's copies: the parent holds nothing for the runs
     return folders

@@ -62,7 +62,7 @@ def run_study(
     executor = make_executor(plan, slurm)
     with locked(plan.out, "study"):
         sweep_temp_files(plan.out, ("checkpoints", "runs", "figures", PREPARED_DIR))  # kill -9's
-        prepare(plan.out, cfg.pretrained_models)  # converted once here, not in every worker
+        prepare(plan.out, cfg.pretrained_models, cfg.images)  # once here, not in every worker
         return _run(plan, executor, progress)
 
 

@@ -97,7 +97,7 @@ class Source:
         if run.pretrained is None:
             return cls(checkpoint=run.checkpoint, edit=run.edit)
         p = run.pretrained
-        folder = None if out is None else prepared_dir(out, p)
+        folder = None if out is None else prepared_dir(out, p, run.images)
         return cls(spec=p.spec, weights=p.weights, images=run.images, seed=run.seed, edit=run.edit,
                    finetune=run.finetune, cache=run_dir,
                    prepared=folder if is_prepared(folder) else None)  # fmt: skip
