@@ -70,6 +70,7 @@ def prepare(out: Path, pretrained: tuple[Pretrained, ...], images: str) -> dict[
 
 
 def is_prepared(folder: Path | None) -> bool:
+    """Whether `folder` holds a finished conversion (its preprocess.json is written last)."""
     return folder is not None and (folder / PREPROCESS_FILE).is_file()
 
 
