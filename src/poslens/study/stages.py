@@ -87,7 +87,8 @@ class Source:
     _tuned: dict[str, torch.Tensor] | None = field(default=None, init=False, compare=False,
                                                   repr=False)  # fmt: skip
     # the model as loaded (unedited), once per run: each stage gets a deep copy (a timm model's
-    # conversion costs seconds per load, a copy a fraction of one)
+    # conversion costs seconds per load, a copy a fraction of one); a prepared model is read
+    # from its folder per stage instead, so no second copy is held
     _loaded: ViT | None = field(default=None, init=False, compare=False, repr=False)
 
     @classmethod
