@@ -400,3 +400,19 @@ with torch.no_grad():
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["(2,", "5)", "None"]
+
+
+def test_study_workers_load_the_prepared_models_and_never_convert(
+    sources: tuple[Path, dict[str, Path]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every run of a pretrained study reads the model its parent converted into
+    OUT/converted/: converting in a run (study.stages.converted) would fail this study."""
+    from poslens.study import stages
+
+    def no_conversion(*args: object) -> None:
+        raise AssertionError("a run converted its pretrained model again")
+
+    monkeypatch.setattr(stages, "converted", no_conversion)
+    cfg = _cfg(*sources, seeds=1, experiments=("depth_profile",), only=(), in_situ=False)
+    res = run_study(cfg, tmp_path, progress=False, jobs=1)
+    assert set(res["models"]) == {APE, ROPE}
