@@ -24,6 +24,38 @@ from tests.conftest import tiny
 DATA = DataConfig(image_size=16, object_scale=0.32, n_val=30, n_test=40)
 
 
+def test_rowcol_other_image_swaps_only_those_latents_from_the_previous_image(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The last edit resamples the row and column latents (and no other) from the same position
+    of another image (the batch rolled by one), spliced with the error term."""
+    from poslens.experiments.sae_causal import phases
+    from poslens.sae.latents import find_positional_latents
+
+    gen = np.random.default_rng(0)
+    n, g, f = 12, 4, 24
+    rows, cols = np.repeat(np.arange(g), g), np.tile(np.arange(g), g)
+    codes = gen.random((n, g * g, f)).astype(np.float32) * 0.05  # content: no position
+    for r in range(g):  # latents 0..3 fire on one row each, 4..7 on one column each
+        codes[:, rows == r, r] += 1 + gen.random((n, g)) * 0.1
+        codes[:, cols == r, g + r] += 1 + gen.random((n, g)) * 0.1
+    pl = find_positional_latents(codes, g, g)
+    rowcol = pl.of_kind("row", "col")
+    assert set(rowcol.tolist()) == set(range(2 * g))
+    monkeypatch.setattr(
+        phases, "spliced", lambda sae, edit=None, with_error=False: (edit, with_error)
+    )
+    planned = phases.conditions(None, pl, codes, sae_causal.Config(doses=(2,), draws=1))  # type: ignore[arg-type]
+    name, (edit, with_error), meta = planned[-1]
+    assert name == sae_causal.ROWCOL_OTHER_IMAGE and with_error
+    assert meta["group"] == sae_causal.ROWCOL_OTHER_IMAGE and meta["n"] == len(rowcol)
+    x = torch.from_numpy(codes)
+    out = edit(x)
+    moved = np.isin(np.arange(f), rowcol)
+    assert torch.equal(out[..., moved], x.roll(1, dims=0)[..., moved])  # same position
+    assert torch.equal(out[..., ~moved], x[..., ~moved])
+
+
 def test_sae_causal_end_to_end(tmp_path: Path) -> None:
     # a planted row + column code at the residual's scale: the SAEs find positional latents
     m, task = tiny("ape", num_classes=16, ape_code="rowcol", ape_init_std=1.0), build_task(DATA)

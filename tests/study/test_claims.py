@@ -22,7 +22,7 @@ from poslens.experiments.sae_causal import result as sae
 from poslens.metrics.stats import holm, seed_test
 from poslens.study.aggregate import mean_se
 from poslens.study.claims import CLAIMS, ORIGINAL, RULES, SHARPER, View
-from poslens.study.claims.ape import ape_site_effect
+from poslens.study.claims.ape import ape_downstream_notes, ape_site_effect
 from poslens.study.claims.heads import UNITS
 from poslens.study.claims.split import rope_split_effect
 from poslens.study.config import StudyConfig
@@ -223,6 +223,17 @@ def test_ape_levels_can_disagree_decodable_but_unused() -> None:
     ms["ape_shuffled"] = entry("ape", merge(sae_numbers(0.6, 0.1, 0.3), removal(0.9, 0.3)))
     c = claim(judged(ms), "ape_explicit_features.sharper")
     assert c["verdict"] == FAILED_CALIBRATION and "ape_shuffled" in c["summary"]
+
+
+def test_the_sharper_level_shows_zeroing_beyond_resampling_from_another_image() -> None:
+    """Beside the sharper level: the accuracy zeroing the row and column latents costs beyond
+    resampling them from the same position of another image; positive where zeroing costs more
+    (their position is what the model uses), about 0 where both cost alike (their content)."""
+    agg = sae_numbers(0.3, 0.1, acc=0.3)
+    agg["sae_causal"][sae.key("early", sae.ROWCOL_OTHER_IMAGE, "d_accuracy")] = [-0.1] * SEEDS
+    notes = dict(ape_downstream_notes(View("ape", entry("ape", agg))))
+    (beyond,) = [v for k, v in notes.items() if "beyond resampling them" in k]
+    assert beyond == pytest.approx(jitter(0.2, spread=-0.02))  # 0.3 lost against 0.1
 
 
 def test_no_row_column_latents_is_missing_with_its_reason_not_a_zero() -> None:

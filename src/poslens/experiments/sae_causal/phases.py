@@ -32,7 +32,7 @@ from poslens.experiments.sae_causal.config import (
 )
 from poslens.experiments.sae_causal.edits import matched_random, resample, set_to, spliced, zero
 from poslens.experiments.sae_causal.given import check_sites
-from poslens.experiments.sae_causal.result import SAECausal, SiteResult
+from poslens.experiments.sae_causal.result import ROWCOL_OTHER_IMAGE, SAECausal, SiteResult
 from poslens.metrics.stats import row_col_share
 from poslens.models import hooks
 from poslens.models.vit import ViT
@@ -54,8 +54,9 @@ def conditions(
     """Every edit at one SAE: the reconstruction alone; the top n positional latents zeroed for
     each dose (plain and +error); the row and column latents, the row latents alone, the column
     latents alone and the cell latents alone;
-    uniform and matched random latents of each size (draws); mean ablation; resampling. All but
-    the plain splices carry the error term, so they differ only in which latents move."""
+    uniform and matched random latents of each size (draws); mean ablation; resampling; the row
+    and column latents resampled from the same position of another image (their position kept).
+    All but the plain splices carry the error term, so they differ only in which latents move."""
     lat = pl.latents
     out: list[Planned] = [
         ("reconstruction", spliced(sae), {"family": "reconstruction", "group": "reconstruction"})
@@ -111,6 +112,12 @@ def conditions(
     for how in ("other_image", "other_position"):
         out.append((f"resample_{how}", spliced(sae, resample(lat, how, cfg.seed), True),
                     {"family": f"resample_{how}", "group": f"resample_{how}"} | meta))  # fmt: skip
+    # last, so that the edits above draw their random latents as before it was added
+    rowcol = pl.of_kind("row", "col")
+    if len(rowcol):
+        out.append((ROWCOL_OTHER_IMAGE, spliced(sae, resample(rowcol, "other_image", cfg.seed), True),
+                    {"family": "rowcol_other_image", "group": ROWCOL_OTHER_IMAGE,
+                     "n": len(rowcol)}))  # fmt: skip
     return out
 
 

@@ -42,6 +42,10 @@ MATCHED_ROWCOL, MATCHED_ROW, MATCHED_COL = "matched_rowcol", "matched_row", "mat
 # position of another image (should leave position) or another position of the same image.
 RECONSTRUCTION = "reconstruction"
 RESAMPLE_SAME_POSITION, RESAMPLE_OTHER_POSITION = "resample_other_image", "resample_other_position"
+# The row and column latents alone resampled from the same position of another image (+error):
+# their position kept, whatever else they carry swapped. Where this costs as much accuracy as
+# zeroing them, their cost is not their position (at width 32 it is: docs/study.md).
+ROWCOL_OTHER_IMAGE = "rowcol_other_image+error"
 
 # The readouts summarised per condition group (see SiteResult.summary).
 GROUPS = (
@@ -61,6 +65,7 @@ GROUPS = (
     "mean_all",
     RESAMPLE_SAME_POSITION,
     RESAMPLE_OTHER_POSITION,
+    ROWCOL_OTHER_IMAGE,
 )
 
 

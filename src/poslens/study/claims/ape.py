@@ -102,6 +102,11 @@ def ape_downstream_notes(v: View) -> Notes:
          list(_beyond_matched(v, "d_margin", -1.0).values)),
         ("exact probe at the output: drop toward chance beyond matched random latents",
          list(_beyond_matched(v, sae.fixed_drop("out")).values)),
+        ("accuracy lost when the row and column latents are zeroed beyond resampling them from "
+         "the same position of another image (their position kept; about 0: what zeroing them "
+         "costs is what else they carry, not their position)",
+         minus(_sae(v, sae.ROWCOL_OTHER_IMAGE, "d_accuracy"),
+               _sae(v, sae.ROWCOL_ZEROED, "d_accuracy"))),
         ("SAE k (the study's, or chosen by the reconstruction criterion)", column(v, sae.k_key(SITE), v.seeds(E_SAE))),
         ("accuracy lost when the SAE reconstruction alone is spliced in",
          [-x for x in _sae(v, sae.RECONSTRUCTION, "d_accuracy")]),
