@@ -112,7 +112,7 @@ def conditions(
     for how in ("other_image", "other_position"):
         out.append((f"resample_{how}", spliced(sae, resample(lat, how, cfg.seed), True),
                     {"family": f"resample_{how}", "group": f"resample_{how}"} | meta))  # fmt: skip
-    # last, so that the edits above draw their random latents as before it was added
+    # last: the edits before it keep their order and their random draws
     rowcol = pl.of_kind("row", "col")
     if len(rowcol):
         out.append((ROWCOL_OTHER_IMAGE, spliced(sae, resample(rowcol, "other_image", cfg.seed), True),

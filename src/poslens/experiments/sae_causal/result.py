@@ -44,7 +44,7 @@ RECONSTRUCTION = "reconstruction"
 RESAMPLE_SAME_POSITION, RESAMPLE_OTHER_POSITION = "resample_other_image", "resample_other_position"
 # The row and column latents alone resampled from the same position of another image (+error):
 # their position kept, whatever else they carry swapped. Where this costs as much accuracy as
-# zeroing them, their cost is not their position (at width 32 it is: docs/study.md).
+# zeroing them, their cost is not their position (as at width 32: docs/study.md).
 ROWCOL_OTHER_IMAGE = "rowcol_other_image+error"
 
 # The readouts summarised per condition group (see SiteResult.summary).
