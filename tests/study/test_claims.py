@@ -234,6 +234,16 @@ def test_the_sharper_level_shows_zeroing_beyond_resampling_from_another_image() 
     notes = dict(ape_downstream_notes(View("ape", entry("ape", agg))))
     (beyond,) = [v for k, v in notes.items() if "beyond resampling them" in k]
     assert beyond == pytest.approx(jitter(0.2, spread=-0.02))  # 0.3 lost against 0.1
+    # the controls show it too, named with their role: why a positive was (not) detected
+    ms = calibrated()
+    ms["ape_rowcol"]["aggregate"]["sae_causal"][
+        sae.key("early", sae.ROWCOL_OTHER_IMAGE, "d_accuracy")] = mean_se([-0.35] * SEEDS)  # fmt: skip
+    c = claim(judged(ms), "ape_explicit_features.sharper")
+    (line,) = [n for n in c["notes"] if n.startswith("ape_rowcol (positive control): ")]
+    assert "beyond resampling them" in line and ": 0.05 [" in line  # 0.4 lost against 0.35
+    (shuffled,) = [n for n in c["notes"] if n.startswith("ape_shuffled (negative control): ")]
+    assert shuffled.endswith(": not measured")  # no number where the edit was not run
+    assert c["notes"][0].startswith("ape: ")  # the study model's notes come first
 
 
 def test_no_row_column_latents_is_missing_with_its_reason_not_a_zero() -> None:

@@ -277,6 +277,14 @@ def _notes(rule: Rule, views: list[View]) -> list[str]:
     return [f"{v.model}: {what}: {fmt_values(vals)}" for v in views for what, vals in rule.notes(v)]
 
 
+def _control_notes(rule: Rule, controls: list[Judged], views: dict[str, View]) -> list[str]:
+    """The rule's control notes per control model (a model of the study's own: controls built
+    inside each model, such as permuted heads, have none)."""
+    return [f"{j.model} ({j.role} control): {what}: {fmt_values(vals)}"
+            for j in controls if j.model in views
+            for what, vals in rule.control_notes(views[j.model])]  # fmt: skip
+
+
 FAILED_CODE, SUPPORTED_CODE, NOT_SUPPORTED_CODE, NO_POWER_CODE = range(len(VERDICT_CODES))
 
 
@@ -451,7 +459,7 @@ def _claim(
         summary=summary,
         scale={v.model: v.scale for v in described},
         evidence=tuple(evidence),
-        notes=tuple(_notes(rule, described)),
+        notes=tuple(_notes(rule, described) + _control_notes(rule, controls, views)),
         controls=tuple(_cal_line(j) for j in controls),
         caveats=tuple(caveats),
         models=tuple(j.model for j in study),

@@ -93,6 +93,19 @@ def ape_downstream_effect(v: View) -> Effect:
     return _beyond_matched(v, "d_accuracy", -1.0)
 
 
+def ape_content_notes(v: View) -> Notes:
+    """What zeroing the row and column latents costs beyond resampling them from the same
+    position of another image: about 0 where their cost is what else they carry (shown for the
+    controls too, where it says why a positive went undetected)."""
+    return [
+        ("accuracy lost when the row and column latents are zeroed beyond resampling them from "
+         "the same position of another image (their position kept; about 0: what zeroing them "
+         "costs is what else they carry, not their position)",
+         minus(_sae(v, sae.ROWCOL_OTHER_IMAGE, "d_accuracy"),
+               _sae(v, sae.ROWCOL_ZEROED, "d_accuracy"))),
+    ]  # fmt: skip
+
+
 def ape_downstream_notes(v: View) -> Notes:
     """Margin and the output probe beside accuracy, the SAE's own cost, and the table edit."""
     pr = position_removal
@@ -102,11 +115,7 @@ def ape_downstream_notes(v: View) -> Notes:
          list(_beyond_matched(v, "d_margin", -1.0).values)),
         ("exact probe at the output: drop toward chance beyond matched random latents",
          list(_beyond_matched(v, sae.fixed_drop("out")).values)),
-        ("accuracy lost when the row and column latents are zeroed beyond resampling them from "
-         "the same position of another image (their position kept; about 0: what zeroing them "
-         "costs is what else they carry, not their position)",
-         minus(_sae(v, sae.ROWCOL_OTHER_IMAGE, "d_accuracy"),
-               _sae(v, sae.ROWCOL_ZEROED, "d_accuracy"))),
+        *ape_content_notes(v),
         ("SAE k (the study's, or chosen by the reconstruction criterion)", column(v, sae.k_key(SITE), v.seeds(E_SAE))),
         ("accuracy lost when the SAE reconstruction alone is spliced in",
          [-x for x in _sae(v, sae.RECONSTRUCTION, "d_accuracy")]),
@@ -217,6 +226,7 @@ RULES = (
         by_construction="The +error splice moves only the edited latents, so the SAE's own "
         "reconstruction error is not part of the effect; its cost is reported beside it.",
         notes=ape_downstream_notes,
+        control_notes=ape_content_notes,
         reference=_ape_downstream,
     ),
 )

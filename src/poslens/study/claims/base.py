@@ -214,6 +214,9 @@ class Rule:
     would_change: str  # what result would have changed the verdict, in one sentence
     by_construction: str  # what holds by construction here, so it is not evidence
     notes: Callable[[View], Notes] = field(default=no_notes)
+    # secondary numbers shown for each control model too, beside the study models' notes: what
+    # tells why a control was or was not detected (e.g. what else the edited latents carry)
+    control_notes: Callable[[View], Notes] = field(default=no_notes)
     descriptive: bool = False
     # why no in-situ control can calibrate this level where one is missing (a pretrained study
     # then says so instead of a verdict), e.g. "no weight edit plants compensation"
