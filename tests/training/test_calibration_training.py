@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from poslens.data import DataConfig
 from poslens.errors import ConfigError
 from poslens.interventions import rpi
 from poslens.io import load_tensors
-from poslens.models import ModelConfig, build_model
+from poslens.models import ModelConfig, build_model, hooks
 from poslens.training import train
 from poslens.training.config import (
     RunConfig,
@@ -22,7 +23,14 @@ from poslens.training.config import (
     preset,
     rebuild_test_windows,
 )
-from poslens.training.train import permuted_patches, step_seed, withheld_blocks
+from poslens.training.train import (
+    axis_planes,
+    permuted_patches,
+    step_seed,
+    withheld_axis,
+    withheld_blocks,
+    withheld_rotations,
+)
 from tests.training.cli_args import tiny_run_config
 
 SMALL = dict(image_size=24, patch_size=4, dim=32, depth=4, heads=4, num_classes=4)
@@ -159,3 +167,71 @@ def test_config_errors_name_the_field() -> None:
     with pytest.raises(ConfigError, match="train.rotary_windows"):
         RunConfig.from_dict({"train": {"rotary_windows": 2}})
     assert apply_overrides(RunConfig(), [*held_out, "model.depth=3"]).model.depth == 3
+
+
+def test_axis_windows_keep_the_windows_and_draw_each_axis() -> None:
+    """rotary_axes "each": the same windows as "all" (its own random stream), each window's
+    planes all, row or column about a third of the time each, from (data seed, step) alone."""
+    kw = {"rotary_dropout": 1 / 3, "rotary_windows": "held_out"}
+    each = rope(4, rotary_axes="each", **kw)  # type: ignore[arg-type]
+    assert schedule(each) == schedule(rope(4, **kw))  # type: ignore[arg-type]
+    axes = [withheld_axis(each, s) for s in range(STEPS)]
+    counts = {a: axes.count(a) for a in ("all", "row", "col")}
+    assert sum(counts.values()) == STEPS and all(
+        0.28 * STEPS < c < 0.39 * STEPS for c in counts.values()
+    )
+    assert axes == [withheld_axis(rope(4, train_seed=5, rotary_axes="each", **kw), s)  # type: ignore[arg-type]
+                    for s in range(STEPS)]  # fmt: skip
+    assert axes != [withheld_axis(rope(4, data_seed=1, rotary_axes="each", **kw), s)  # type: ignore[arg-type]
+                    for s in range(STEPS)]  # fmt: skip
+    assert {withheld_axis(rope(4, **kw), s) for s in range(50)} == {"all"}  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("variant", ["standard", "head_split"])
+def test_an_axis_window_turns_off_that_axis_planes_alone(variant: str) -> None:
+    """Inside withheld_rotations, a row (column) window's blocks rotate by the identity in the
+    row (column) planes and as before in the others; the blocks outside it are untouched."""
+    cfg = dataclasses.replace(
+        rope(4, rotary_dropout=1 / 3, rotary_windows="held_out", rotary_axes="each"),
+        model=ModelConfig(posenc="rope_axial", rope_variant=variant, **SMALL),  # type: ignore[arg-type]
+    )
+    model = build_model(cfg.model, seed=0).eval()
+    planes = axis_planes(model)
+    assert planes["row"].shape == (4, 4, 4) and not (planes["row"] & planes["col"]).any()
+    assert (planes["row"] | planes["col"]).all()  # axial RoPE: every plane follows one axis
+    names = [hooks.attn(b, "rotary") for b in range(4)]
+    x = torch.randn(1, 1, 24, 24)
+    _, intact = model.run_with_cache(x, names)
+    seen = set()
+    for step in range(200):
+        blocks, axis = withheld_blocks(cfg, step), withheld_axis(cfg, step)
+        if not blocks or axis in seen:
+            continue
+        seen.add(axis)
+        with withheld_rotations(model, cfg, step, planes):
+            _, got = model.run_with_cache(x, names)
+        for b, name in enumerate(names):
+            off = torch.ones_like(planes["row"][b]) if axis == "all" else planes[axis][b]
+            off = off & (b in blocks)  # [H, P]
+            cos, sin = got[name][0], got[name][1]  # [H, T, P]
+            assert bool((cos[off[:, None].expand_as(cos)] == 1).all())
+            assert bool((sin[off[:, None].expand_as(sin)] == 0).all())
+            keep = ~off[:, None].expand_as(cos)
+            assert torch.equal(got[name][:, keep], intact[name][:, keep])
+    assert seen == {"all", "row", "col"}
+
+
+def test_axis_windows_need_an_axial_rope_with_dropout() -> None:
+    with pytest.raises(ConfigError, match="train.rotary_axes"):
+        TrainConfig(rotary_axes="row")
+    with pytest.raises(ConfigError, match="train.rotary_axes.*rotary_dropout"):
+        TrainConfig(rotary_axes="each")
+    with pytest.raises(ConfigError, match="train.rotary_axes.*axial RoPE"):
+        RunConfig(
+            ModelConfig(posenc="rope_mixed"),
+            train=TrainConfig(rotary_dropout=0.3, rotary_axes="each"),
+        )
+    oblique = build_model(ModelConfig(posenc="rope_axial", rope_variant="oblique", **SMALL), seed=0)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="train.rotary_axes='each' needs row planes"):
+        axis_planes(oblique)
+    assert "rotary_axes" not in preset("rope_late").to_dict()["train"]  # old configs unchanged

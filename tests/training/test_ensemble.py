@@ -85,10 +85,13 @@ def test_members_equal_separate_runs(tmp_path: Path, posenc: str, seeds: list[in
 def test_calibration_models_train_as_ensembles_like_separate_runs(tmp_path: Path) -> None:
     """The rebuilding control (head-split planes, rotations withheld early on half the steps),
     a planted, frozen APE code, and that code with the patches permuted at every step: the
-    ensemble withholds the same steps, keeps the code frozen and permutes the patches as
-    separate runs do."""
+    ensemble withholds the same steps (and, with rotary_axes "each", the same planes), keeps the
+    code frozen and permutes the patches as separate runs do."""
+    axes = {"rotary_dropout": 0.5, "rotary_axes": "each"}
     for name, posenc, model_kw, train_kw in (
         ("rebuild", "rope_axial", {"rope_variant": "head_split"}, {"rotary_dropout": 0.5}),
+        ("axes", "rope_axial", {"rope_variant": "head_split"}, axes),
+        ("axes_standard", "rope_axial", {}, axes),
         ("cell", "ape", {"ape_code": "cell"}, {}),
         ("shuffled", "ape", {"ape_code": "rowcol"}, {"permute_patches": True}),
     ):
@@ -109,6 +112,8 @@ def test_calibration_models_train_as_ensembles_like_separate_runs(tmp_path: Path
     plain = [run_cfg("rope_axial", 0, model_kw={"rope_variant": "head_split"})]
     train_ensemble(plain, [tmp_path / "plain"])
     assert max_diff(tmp_path / "plain", tmp_path / "rebuild_ens0") > 1e-3
+    # and which planes a window withholds matters too
+    assert max_diff(tmp_path / "axes_ens0", tmp_path / "rebuild_ens0") > 1e-3
 
 
 def test_a_member_does_not_depend_on_its_companions(tmp_path: Path) -> None:

@@ -191,18 +191,23 @@ class StackedViT(nn.Module):
         mlp = self.linear(self.layer_norm(h, f"blocks.{i}.ln2"), f"blocks.{i}.mlp.fc1")
         return h + self.linear(F.gelu(mlp), f"blocks.{i}.mlp.fc2")
 
-    def forward(self, x: torch.Tensor, withheld: range = range(0)) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, withheld: range = range(0), planes: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Images [B, C, H, W] -> every member's logits [S, B, num_classes]; rotations are
-        withheld (identity, as rotary_mask makes them) in the `withheld` blocks."""
+        withheld (identity, as rotary_mask makes them) in the `withheld` blocks: every plane, or
+        those of the bool mask `planes` [depth, H, P]."""
         cfg = self.cfg
         h = self.embed(x)
         tables = self.rotary_tables()
         for i in range(cfg.depth):
             table = None if tables is None else tables[:, min(i, tables.shape[1] - 1)]
             if table is not None and i in withheld:  # cos 1, sin 0: the identity rotation
-                table = torch.stack(
+                ident = torch.stack(
                     [torch.ones_like(table[:, 0]), torch.zeros_like(table[:, 1])], 1
-                )
+                )  # [S|1, 2, H|1, T, P]
+                off = None if planes is None else planes[i][:, None].to(table.device)  # [H, 1, P]
+                table = ident if off is None else torch.where(off, ident, table)
             # with CLS pooling only the CLS token leaves the last block: compute just that
             h = self.block(h, i, table, cls_only=cfg.pool == "cls" and i == cfg.depth - 1)
         if cfg.pool == "cls":  # LayerNorm is per token: normalising CLS alone is exact

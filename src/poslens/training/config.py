@@ -19,17 +19,22 @@ from poslens._config import (
 from poslens.data import DataConfig
 from poslens.errors import ConfigError
 from poslens.io import MAX_CONFIG_BYTES
-from poslens.models.config import POSENCS, ModelConfig
+from poslens.models.config import POSENCS, ROPE_KIND, ModelConfig
 
 PRECISIONS = ("auto", "fp32", "bf16")
 # Where train.rotary_dropout withholds rotations (TrainConfig.rotary_windows, train.withheld_blocks)
 ROTARY_WINDOWS = ("halves", "held_out", "late")
+# Which planes a withheld window turns off (TrainConfig.rotary_axes, train.withheld_axis): "all"
+# every plane; "each" all planes, the row planes or the column planes, one drawn per window.
+ROTARY_AXES = ("all", "each")
+WINDOW_AXES = ("all", "row", "col")  # what "each" draws from
 # TrainConfig fields added after the first release, with the default that RunConfig.to_dict leaves
 # out, so that saved configs (and the study's checkpoint hashes) written before them stay the same.
 LATER_TRAIN_FIELDS: dict[str, Any] = {
     "stop_acc": 0.0,
     "rotary_dropout": 0.0,
     "rotary_windows": "halves",
+    "rotary_axes": "all",
     "permute_patches": False,
 }
 # Early stopping: the run stops once this many consecutive evaluations reach train.stop_acc.
@@ -69,6 +74,11 @@ class TrainConfig:
     # "late" the second half only (the later blocks do without their rotations, but never see
     # early rotations withheld).
     rotary_windows: str = "halves"
+    # Which planes each withheld window turns off: "all", or "each" (all planes, only the row
+    # planes or only the column planes, drawn uniformly per windowed step from (data seed,
+    # step)): trains later heads to rebuild the axis an early window took away, the axis-following
+    # rebuilding the heads claim looks for (axial frequencies only: see RunConfig).
+    rotary_axes: str = "all"
     # Permute the patch tokens at every step with a fresh random permutation drawn from
     # (data seed, step), before any position is added (random permutation at inference, applied
     # in training): position is present in the model but unusable for the task.
@@ -98,6 +108,12 @@ class TrainConfig:
             raise ConfigError(f"train.warmup_frac must be in [0, 1), got {self.warmup_frac!r}")
         one_of("train.precision", self.precision, PRECISIONS)
         one_of("train.rotary_windows", self.rotary_windows, ROTARY_WINDOWS)
+        one_of("train.rotary_axes", self.rotary_axes, ROTARY_AXES)
+        if self.rotary_axes != "all" and not self.rotary_dropout:
+            raise ConfigError(
+                f"train.rotary_axes={self.rotary_axes!r} needs train.rotary_dropout > 0 (it says "
+                f"which planes the withheld windows turn off)"
+            )
         v = self.stop_acc
         if not (isinstance(v, int | float) and not isinstance(v, bool) and 0 <= v <= 1):
             raise ConfigError(f"train.stop_acc must be in [0, 1], got {self.stop_acc!r}")
@@ -145,6 +161,11 @@ class RunConfig:
                 f"train.rotary_windows='held_out' needs model.depth >= 3 (a prefix and a suffix "
                 f"window other than the two halves the study tests on), got depth "
                 f"{self.model.depth}"
+            )
+        if self.train.rotary_axes != "all" and ROPE_KIND.get(self.model.posenc) != "axial":
+            raise ConfigError(
+                f"train.rotary_axes={self.train.rotary_axes!r} needs an axial RoPE model.posenc "
+                f"(fixed frequencies, each plane following one axis), got {self.model.posenc!r}"
             )
 
     def to_dict(self) -> dict[str, Any]:

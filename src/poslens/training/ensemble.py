@@ -38,6 +38,7 @@ from poslens.precision import autocast, resolve_precision
 from poslens.training.config import RunConfig
 from poslens.training.progress import TrainProgress
 from poslens.training.train import (
+    axis_planes,
     check_finite,
     final_scores,
     finish_run,
@@ -49,6 +50,7 @@ from poslens.training.train import (
     run_metrics,
     score,
     stop_step,
+    withheld_axis,
     withheld_blocks,
 )
 
@@ -158,7 +160,10 @@ def _run(
     cfg = members[0].cfg
     total, bs = cfg.train.steps, cfg.train.batch_size
     precision = resolve_precision(cfg.train.precision, dev)
-    model = StackedViT([build_model(m.cfg.model, seed=m.cfg.train.seed) for m in members]).to(dev)
+    vits = [build_model(m.cfg.model, seed=m.cfg.train.seed) for m in members]
+    # the row and column planes [depth, H, P] (fixed axial frequencies: the same in every member)
+    planes = axis_planes(vits[0]) if cfg.train.rotary_axes != "all" else None
+    model = StackedViT(vits).to(dev)
     opt = make_optimizer(model.named_stacked(), cfg, member_dims=1)
     histories: list[list] = [[] for _ in members]
     if start:
@@ -177,9 +182,10 @@ def _run(
             x, y = task.train_batch(step, bs)
             x = permuted_patches(cfg, step, x)
             lr = lr_at(step, total, cfg.train.lr, cfg.train.warmup_frac)
-            withheld = withheld_blocks(cfg, step)
+            withheld, axis = withheld_blocks(cfg, step), withheld_axis(cfg, step)
+            off = None if planes is None or axis == "all" else planes[axis]
             losses = train_step(
-                model, opt, x.to(dev), y.to(dev), lr, precision, cfg.train.grad_clip, withheld
+                model, opt, x.to(dev), y.to(dev), lr, precision, cfg.train.grad_clip, withheld, off
             )
             done = step + 1
             loss_values = losses.tolist()
@@ -309,13 +315,15 @@ def train_step(
     precision: str,
     grad_clip: float,
     withheld: range = range(0),
+    planes: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One AdamW step of every member on the batch x [B, C, H, W], y [B]; their losses [S].
-    withheld: the blocks whose rotations are off at this step (withheld_blocks)."""
+    withheld: the blocks whose rotations are off at this step (withheld_blocks); planes: which
+    planes there [depth, H, P] (None: all)."""
     for g in opt.param_groups:
         g["lr"] = lr
     with autocast(x.device, precision):
-        logits = model(x, withheld)  # [S, B, num_classes]
+        logits = model(x, withheld, planes)  # [S, B, num_classes]
     # each member's loss as train() computes it; their sum gives each its own gradient
     losses = torch.stack([F.cross_entropy(lg.float(), y) for lg in logits])  # [S]
     opt.zero_grad(set_to_none=True)

@@ -26,7 +26,7 @@ from poslens.data import Task, build_task
 from poslens.errors import CheckpointError, ConfigError, UserError
 from poslens.models.vit import ViT, build_model
 from poslens.precision import autocast, resolve_precision
-from poslens.training.config import STOP_EVALS, RunConfig, held_out_windows
+from poslens.training.config import STOP_EVALS, WINDOW_AXES, RunConfig, held_out_windows
 from poslens.training.progress import TrainProgress
 
 
@@ -37,7 +37,7 @@ class TrainingDiverged(UserError):
 def step_seed(cfg: RunConfig, step: int, stream: int = 0) -> int:
     """A torch seed drawn from (data seed, step) alone, so every seed of one config (and a resumed
     run) sees the same schedule; `stream` 0 the rotary schedule (its seed since the first
-    release), 1 the patch permutation."""
+    release), 1 the patch permutation, 2 the planes a window withholds (train.rotary_axes)."""
     return (1_000_003 * cfg.data.seed + step + stream * 2**62) % 2**64
 
 
@@ -71,16 +71,52 @@ def withheld_window(windows: str, p: float, depth: int, seed: int) -> range:
     return choices[int(torch.randint(len(choices), (), generator=g))]
 
 
+def withheld_axis(cfg: RunConfig, step: int) -> str:
+    """The planes this step's window withholds: "all", or under train.rotary_axes "each" one of
+    WINDOW_AXES drawn uniformly from (data seed, step) on its own stream, so the windows
+    themselves are those of rotary_axes "all"."""
+    if cfg.train.rotary_axes == "all":
+        return "all"
+    g = torch.Generator().manual_seed(step_seed(cfg, step, stream=2))
+    return WINDOW_AXES[int(torch.randint(len(WINDOW_AXES), (), generator=g))]
+
+
+def axis_planes(model: ViT) -> dict[str, torch.Tensor]:
+    """The planes that follow the row and the column, as [depth, H, P] masks (from the axis map
+    of the rotation tables), for train.rotary_axes "each"; a ConfigError where a block that
+    rotates has no plane of one axis (an oblique variant)."""
+    from poslens.interventions import axis_map
+
+    amap = axis_map(model)
+    masks = {a: torch.as_tensor(amap.axis == a) for a in ("row", "col")}
+    turning = torch.as_tensor(amap.axis != "none").flatten(1).any(1)  # [depth]
+    for a, m in masks.items():
+        if not bool(m.flatten(1).any(1)[turning].all()):
+            raise ConfigError(
+                f"train.rotary_axes='each' needs {a} planes in every block that rotates; this "
+                f"model (rope_variant={model.cfg.rope_variant!r}) has blocks without"
+            )
+    return masks
+
+
 def withheld_rotations(
-    model: ViT, cfg: RunConfig, step: int
+    model: ViT, cfg: RunConfig, step: int, planes: dict[str, torch.Tensor] | None = None
 ) -> contextlib.AbstractContextManager[Any]:
-    """Rotations off in the blocks train.rotary_dropout withholds at this step."""
+    """Rotations off in the blocks train.rotary_dropout withholds at this step: every plane, or
+    the row or column planes of `planes` (axis_planes) as withheld_axis draws."""
     blocks = withheld_blocks(cfg, step)
     if not blocks:
         return contextlib.nullcontext()
     from poslens.interventions import rotary_mask
 
-    return rotary_mask(model, blocks=blocks)
+    axis = withheld_axis(cfg, step)
+    return rotary_mask(model, None if axis == "all" else _planes(planes, axis), blocks=blocks)
+
+
+def _planes(planes: dict[str, torch.Tensor] | None, axis: str) -> torch.Tensor:
+    if planes is None:
+        raise ValueError("train.rotary_axes='each' needs the model's axis_planes")
+    return planes[axis]
 
 
 def permuted_patches(cfg: RunConfig, step: int, images: torch.Tensor) -> torch.Tensor:
@@ -331,6 +367,7 @@ def train(
     cfg = model_config_for(cfg, task)
     precision = resolve_precision(cfg.train.precision, dev)
     model = build_model(cfg.model, seed=cfg.train.seed).to(dev)
+    planes = axis_planes(model) if cfg.train.rotary_axes != "all" else None
     opt = make_optimizer(model.named_parameters(), cfg)
     net: torch.nn.Module = model
     if world > 1:
@@ -358,7 +395,7 @@ def train(
             lr = lr_at(step, total, cfg.train.lr, cfg.train.warmup_frac)
             for g in opt.param_groups:
                 g["lr"] = lr
-            with autocast(dev, precision), withheld_rotations(model, cfg, step):
+            with autocast(dev, precision), withheld_rotations(model, cfg, step, planes):
                 logits = net(x)
             loss = F.cross_entropy(logits.float(), y)
             opt.zero_grad(set_to_none=True)
