@@ -46,13 +46,20 @@ def training_images(task: Task, n: int, batch: int = 256) -> torch.Tensor:
 def patch_codes(
     model: ViT, sae: TopKSAE, images: torch.Tensor, batch: int = CODES_BATCH_IMAGES
 ) -> np.ndarray:
-    """SAE codes [N, gh*gw, F] of the patch tokens at the SAE's site."""
+    """SAE codes [N, gh*gw, F] of the patch tokens at the SAE's site, written batch by batch into
+    one array (no per-batch pieces joined afterwards: one copy of the codes fewer)."""
     p = model.cfg.num_prefix
-    out = []
+    out: np.ndarray | None = None
     for i in range(0, len(images), batch):
         cache = model.cache_until(images[i : i + batch].to(model.head.weight.device), [sae.site])
-        out.append(sae.encode(cache[sae.site][:, p:].float()).cpu().numpy())
-    return np.concatenate(out)
+        codes = sae.encode(cache[sae.site][:, p:].float()).cpu().numpy()  # [B, T, F]
+        cache = None
+        if out is None:
+            out = np.empty((len(images), *codes.shape[1:]), dtype=codes.dtype)
+        out[i : i + len(codes)] = codes
+    if out is None:
+        raise ValueError("patch_codes needs at least one image")
+    return out
 
 
 def latent_maps_figure(pl: PositionalLatents, max_maps: int = 24) -> Figure:
