@@ -1,14 +1,16 @@
 """measure()'s partial RPI pass: stopped at a site, it reads exactly what the whole pass reads
-there and nothing after it."""
+there and nothing after it; and the memory of its clean probe features handed back before the
+RPI pass."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from poslens import allocator
 from poslens.data import DataConfig, build_task
-from poslens.experiments.config import ExperimentConfig
-from poslens.experiments.readout import measure
+from poslens.experiments.config import ExperimentConfig, Passes
+from poslens.experiments.readout import measure, measurement
 from tests.conftest import tiny
 
 
@@ -30,3 +32,33 @@ def test_rpi_pass_stopped_at_a_site_reads_the_same_up_to_it() -> None:
     np.testing.assert_array_equal(part.probes_rpi.test_acc, full.probes_rpi.test_acc)
     with pytest.raises(ValueError, match="before a probe site"):
         measure(m, x, y, cfg, probe_sites=[2], rpi_through=1)
+
+
+def test_large_clean_features_are_handed_back_before_the_rpi_pass(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With the heap kept (allocator.keep_freed_memory), clean probe features of at least
+    TRIM_BYTES go back to the kernel once fitted, before the RPI pass gathers its own; only when
+    that pass probes, and with the same numbers as without."""
+    x, y = build_task(DataConfig(image_size=16, object_scale=0.32, n_val=16, n_test=24)).split(
+        "test"
+    )
+    m = tiny("rope_axial", num_classes=16, depth=2)
+    cfg = ExperimentConfig(n_images=24, probe_images=16, batch_size=8)
+    plain = measure(m, x, y, cfg, probe_sites=[0, 2])
+    calls: list[int] = []
+    monkeypatch.setattr(allocator, "kept", lambda: True)
+    monkeypatch.setattr(allocator, "release_freed_memory", lambda: calls.append(1) or True)
+    monkeypatch.setattr(measurement, "TRIM_BYTES", 1)
+    trimmed = measure(m, x, y, cfg, probe_sites=[0, 2])
+    assert calls == [1]
+    for name in ("correct", "margin", "ssdc_rpi", "ssdc_rpi_norm"):
+        np.testing.assert_array_equal(getattr(trimmed, name), getattr(plain, name))
+    for name in ("probes", "probes_rpi"):
+        np.testing.assert_array_equal(getattr(trimmed, name).test_acc,
+                                      getattr(plain, name).test_acc)  # fmt: skip
+    measure(m, x, y, cfg, probe_sites=[0, 2], passes=Passes(rpi_probes=False))  # no RPI probes
+    measure(m, x, y, cfg)  # nothing probed
+    monkeypatch.setattr(measurement, "TRIM_BYTES", 10**12)
+    measure(m, x, y, cfg, probe_sites=[0, 2])  # small features
+    assert calls == [1]

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from poslens import distributed
+from poslens import allocator, distributed
 from poslens.distributed import gather, in_order, shard
 from poslens.experiments.conditions import Condition, intact
 from poslens.experiments.config import ExperimentConfig, Passes
@@ -303,6 +303,7 @@ def _measure(
         # as after it: the clean features are freed before the RPI pass gathers its own, which
         # lowers the peak by one set of probe features (300 MB for a ViT-S's 13 sites).
         probes = probes_rpi = fitted = fixed_acc = fixed_rpi = fit = None
+        freed = 0  # bytes of clean features freed before the RPI pass
         if probe_sites:
             with full_precision(dev):
                 stacked = feats.stacked()  # [sites, N, T, D]
@@ -310,7 +311,13 @@ def _measure(
                 probes = fit.result
                 if fixed is not None:
                     fixed_acc = _read_fixed(fixed, fixed.clean, probe_sites, stacked)
+                freed = stacked.nbytes
                 del stacked
+            if freed >= TRIM_BYTES and allocator.kept() and rpi_pass and rpi_probes:
+                # the kept heap would hold the clean features' memory while the RPI pass's
+                # batches split it, and grow by another set for the RPI features (a ViT-S's 13
+                # sites: 200 MB more at the pass's end); handed back, the pass maps it afresh
+                allocator.release_freed_memory()
         under_rpi = [SSDC(gh, gw, SSDC_DTYPE) for _ in raw + norm]
         n_probe = cfg.probe_images if probe_sites and rpi_probes else 0  # probed under RPI
         n_rpi = max(n_ssdc, n_probe) if rpi_pass else 0  # images the RPI pass reads: SSDC's, probes'
@@ -362,6 +369,11 @@ def _measure(
         fixed_rpi=fixed_rpi,
         fitted=fitted,
     )
+
+
+# clean probe features at least this large are handed back to the kernel before the RPI pass
+# gathers its own (a malloc_trim: milliseconds, against the pass's seconds at that size)
+TRIM_BYTES = 64 * 2**20
 
 
 class _ProbeFeatures:
