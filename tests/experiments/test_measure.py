@@ -38,8 +38,8 @@ def test_large_clean_features_are_handed_back_before_the_rpi_pass(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """With the heap kept (allocator.keep_freed_memory), clean probe features of at least
-    TRIM_BYTES go back to the kernel once fitted, before the RPI pass gathers its own; only when
-    that pass probes, and with the same numbers as without."""
+    TRIM_BYTES go back to the kernel once fitted, before an RPI pass (probing or reading SSDC
+    alone) runs; only when one follows, and with the same numbers as without."""
     x, y = build_task(DataConfig(image_size=16, object_scale=0.32, n_val=16, n_test=24)).split(
         "test"
     )
@@ -57,8 +57,10 @@ def test_large_clean_features_are_handed_back_before_the_rpi_pass(
     for name in ("probes", "probes_rpi"):
         np.testing.assert_array_equal(getattr(trimmed, name).test_acc,
                                       getattr(plain, name).test_acc)  # fmt: skip
-    measure(m, x, y, cfg, probe_sites=[0, 2], passes=Passes(rpi_probes=False))  # no RPI probes
+    measure(m, x, y, cfg, probe_sites=[0, 2], passes=Passes(rpi_probes=False))  # SSDC alone
+    assert calls == [1, 1]
+    measure(m, x, y, cfg, probe_sites=[0, 2], passes=Passes(rpi=False))  # no RPI pass
     measure(m, x, y, cfg)  # nothing probed
     monkeypatch.setattr(measurement, "TRIM_BYTES", 10**12)
     measure(m, x, y, cfg, probe_sites=[0, 2])  # small features
-    assert calls == [1]
+    assert calls == [1, 1]

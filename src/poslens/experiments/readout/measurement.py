@@ -313,10 +313,11 @@ def _measure(
                     fixed_acc = _read_fixed(fixed, fixed.clean, probe_sites, stacked)
                 freed = stacked.nbytes
                 del stacked
-            if freed >= TRIM_BYTES and allocator.kept() and rpi_pass and rpi_probes:
+            if freed >= TRIM_BYTES and allocator.kept() and rpi_pass:
                 # the kept heap would hold the clean features' memory while the RPI pass's
-                # batches split it, and grow by another set for the RPI features (a ViT-S's 13
-                # sites: 200 MB more at the pass's end); handed back, the pass maps it afresh
+                # batches split it, and grow by more for the pass's caches and RPI features (a
+                # ViT-S's 13 sites: 200 MB more at the pass's end); handed back, the pass maps
+                # what it needs afresh
                 allocator.release_freed_memory()
         under_rpi = [SSDC(gh, gw, SSDC_DTYPE) for _ in raw + norm]
         n_probe = cfg.probe_images if probe_sites and rpi_probes else 0  # probed under RPI
