@@ -305,6 +305,8 @@ def _measure(
         probes = probes_rpi = fitted = fixed_acc = fixed_rpi = fit = None
         freed = 0  # bytes of clean features freed before the RPI pass
         if probe_sites:
+            if feats.nbytes >= TRIM_BYTES and allocator.kept():
+                allocator.release_freed_memory()  # the pass's freed caches: the fit maps afresh
             with full_precision(dev):
                 stacked = feats.stacked()  # [sites, N, T, D]
                 fit = fit_probes(stacked, gh, gw, seed=cfg.seed, shuffle_labels=probe_control)
@@ -388,6 +390,13 @@ class _ProbeFeatures:
         self.out: torch.Tensor | None = None
         self.parts: list[list[tuple[int, torch.Tensor]]] = [[] for _ in range(sites)]
         self.local = distributed.world()[1] == 1
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the features gathered so far."""
+        if self.out is not None:
+            return self.out.nbytes
+        return sum(t.nbytes for parts in self.parts for _, t in parts)
 
     def add(self, site: int, start: int, tokens_BTD: torch.Tensor) -> None:
         """Site number `site`'s tokens of images start, start + 1, ... (any device, dtype)."""
