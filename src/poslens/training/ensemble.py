@@ -164,6 +164,7 @@ def _run(
     # the row and column planes [depth, H, P] (fixed axial frequencies: the same in every member)
     planes = axis_planes(vits[0]) if cfg.train.rotary_axes != "all" else None
     model = StackedViT(vits).to(dev)
+    del vits  # their weights now live in the stack
     opt = make_optimizer(model.named_stacked(), cfg, member_dims=1)
     histories: list[list] = [[] for _ in members]
     if start:
