@@ -115,7 +115,7 @@ def _token_variance(flat_NF: np.ndarray) -> np.ndarray:
     n, F = flat_NF.shape
     mean = np.add.reduce(flat_NF, axis=0, dtype=np.float64) / n  # [F]
     acc = np.zeros((1, F))  # running sum of squared deviations, row after row as numpy adds them
-    rows = max(1, CHUNK_BYTES // (8 * F))
+    rows = _chunk_rows(F)
     for i in range(0, n, rows):
         dev = flat_NF[i : i + rows].astype(np.float64)
         dev -= mean
@@ -124,11 +124,16 @@ def _token_variance(flat_NF: np.ndarray) -> np.ndarray:
     return acc[0] / n
 
 
+def _chunk_rows(F: int) -> int:
+    """Token rows of F float64 values in CHUNK_BYTES."""
+    return max(1, CHUNK_BYTES // (8 * F))
+
+
 def firing_rate(codes_NTF: np.ndarray) -> np.ndarray:
     """[F]: share of the patch tokens on which each latent fires, counted a chunk at a time (no
     boolean copy of the codes)."""
     flat = codes_NTF.reshape(-1, codes_NTF.shape[-1])
-    rows = max(1, CHUNK_BYTES // (8 * flat.shape[1]))
+    rows = _chunk_rows(flat.shape[1])
     fired = sum(
         (np.count_nonzero(flat[i : i + rows] > 0, axis=0) for i in range(0, len(flat), rows)),
         np.zeros(flat.shape[1], dtype=np.int64),

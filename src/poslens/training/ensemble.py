@@ -50,8 +50,8 @@ from poslens.training.train import (
     run_metrics,
     score,
     stop_step,
-    withheld_axis,
     withheld_blocks,
+    withheld_planes,
 )
 
 
@@ -183,8 +183,7 @@ def _run(
             x, y = task.train_batch(step, bs)
             x = permuted_patches(cfg, step, x)
             lr = lr_at(step, total, cfg.train.lr, cfg.train.warmup_frac)
-            withheld, axis = withheld_blocks(cfg, step), withheld_axis(cfg, step)
-            off = None if planes is None or axis == "all" else planes[axis]
+            withheld, off = withheld_blocks(cfg, step), withheld_planes(cfg, step, planes)
             losses = train_step(
                 model, opt, x.to(dev), y.to(dev), lr, precision, cfg.train.grad_clip, withheld, off
             )

@@ -99,24 +99,30 @@ def axis_planes(model: ViT) -> dict[str, torch.Tensor]:
     return masks
 
 
+def withheld_planes(
+    cfg: RunConfig, step: int, planes: dict[str, torch.Tensor] | None
+) -> torch.Tensor | None:
+    """The plane mask [depth, H, P] this step's window withholds, from the model's `planes`
+    (axis_planes) as withheld_axis draws; None: every plane."""
+    axis = withheld_axis(cfg, step)
+    if axis == "all":
+        return None
+    if planes is None:
+        raise ValueError("train.rotary_axes='each' needs the model's axis_planes")
+    return planes[axis]
+
+
 def withheld_rotations(
     model: ViT, cfg: RunConfig, step: int, planes: dict[str, torch.Tensor] | None = None
 ) -> contextlib.AbstractContextManager[Any]:
-    """Rotations off in the blocks train.rotary_dropout withholds at this step: every plane, or
-    the row or column planes of `planes` (axis_planes) as withheld_axis draws."""
+    """Rotations off in the blocks train.rotary_dropout withholds at this step, in the planes
+    withheld_planes says."""
     blocks = withheld_blocks(cfg, step)
     if not blocks:
         return contextlib.nullcontext()
     from poslens.interventions import rotary_mask
 
-    axis = withheld_axis(cfg, step)
-    return rotary_mask(model, None if axis == "all" else _planes(planes, axis), blocks=blocks)
-
-
-def _planes(planes: dict[str, torch.Tensor] | None, axis: str) -> torch.Tensor:
-    if planes is None:
-        raise ValueError("train.rotary_axes='each' needs the model's axis_planes")
-    return planes[axis]
+    return rotary_mask(model, withheld_planes(cfg, step, planes), blocks=blocks)
 
 
 def permuted_patches(cfg: RunConfig, step: int, images: torch.Tensor) -> torch.Tensor:
