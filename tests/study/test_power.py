@@ -191,3 +191,33 @@ def hd_null_key() -> str:
     from poslens.study.claims.heads import UNITS
 
     return hd.held_out_key(UNITS, hd.NULL_EXCESS_ACCURACY)
+
+
+def test_more_seeds_on_the_study_model_alone_decide_what_five_could_not() -> None:
+    """study.model_seeds: the study model runs more seeds than its controls. The judge tests it
+    over all of them (controls at 5 still count), power is computed at its count, and the
+    no-power text names the --model-seeds that would decide it."""
+    from poslens.experiments.heads import result as hd
+    from poslens.study.claims.heads import UNITS
+    from tests.study.test_claims import removal
+
+    key = hd.held_out_key(UNITS, hd.EXCESS_ACCURACY)
+
+    def with_excess(n: int) -> dict[str, dict[str, object]]:
+        ms = calibrated()
+        ms["rope_axial"] = entry("rope_axial", merge(split(1.0, 0.4, n=n), windows(0.8, 0.3, n),
+                                 heads(0.2, 0.0, 0.6, n), removal(0.97, 0.17, n)), n)  # fmt: skip
+        pattern = [0.06 + 0.04 * (((i * 7) % 5) - 2) / 2 for i in range(n)]  # 0.02 .. 0.10
+        ms["rope_axial"]["aggregate"]["heads"][str(key)] = mean_se(pattern)
+        return ms
+
+    few = claim(judged(with_excess(5)), "heads_rebuild.original")
+    assert few["verdict"] == INCONCLUSIVE and few["qualifier"] == NO_POWER
+    n = few["power"]["needed"]["rope_axial"]
+    assert 5 < n <= 15 and f"--model-seeds rope_axial={n} for that model alone" in few["summary"]
+    more = claim(judged(with_excess(15)), "heads_rebuild.original")
+    assert more["seeds"] == 15 and more["power"]["seeds"] == 15
+    assert more["measured"]["rope_axial"]["seeds"] == 15
+    late = next(line for line in more["controls"] if "control rope_late" in line)
+    assert "over 5 of 5 seeds measured" in late and "not detected (as designed)" in late
+    assert more["verdict"] == SUPPORTED and more["replication"]["stable"]

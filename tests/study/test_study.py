@@ -456,3 +456,51 @@ def test_without_a_terminal_each_finished_stage_is_one_log_line(
         next(ln for ln in lines if "axis_map ape seed 0" in ln)
     ]
     assert lines[-1].endswith("ETA 0 s")
+
+
+def test_a_model_with_its_own_seed_count_runs_those_seeds_and_its_controls_follow(
+    study: tuple[Path, dict[str, Any]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """study.model_seeds gives one model more (or fewer) seeds than the rest: its seeds train and
+    analyse exactly as the same seeds of a study that runs them all, its in-situ controls follow
+    its count, results.json and the report say so, and bad entries are one-line ConfigErrors."""
+    from poslens.report.common import summary
+    from poslens.study.plan import make_plan
+
+    _, res = study
+    cfg = replace(TINY_STUDY, seeds=1, model_seeds=("rope_axial=2",), experiments=("depth_profile",))
+    assert cfg.seeds_of("rope_axial") == (0, 1) and cfg.seeds_of("ape") == (0,) and cfg.n_runs == 3
+    out = run_study(cfg, tmp_path / "own", progress=False)
+    check_results(out)
+    assert out["config"]["model_seeds"] == ["rope_axial=2"]
+    assert [r["seed"] for r in out["models"]["rope_axial"]["runs"]] == [0, 1]
+    assert [r["seed"] for r in out["models"]["ape"]["runs"]] == [0]
+    for model, seed in (("rope_axial", 0), ("rope_axial", 1), ("ape", 0)):
+        run = next(r for r in out["models"][model]["runs"] if r["seed"] == seed)
+        full = res["models"][model]["runs"][seed]
+        assert run["experiments"]["depth_profile"]["headline"] == (
+            full["experiments"]["depth_profile"]["headline"]
+        )
+    assert out["models"]["rope_axial"]["aggregate"]["depth_profile"]["ssdc_rpi@out"]["n"] == 2
+    assert "with 1 seed each (rope_axial 2 seeds)" in summary(out, claims_of(out))
+    # in-situ controls run their model's seeds
+    plan = make_plan(replace(preset("default"), model_seeds=("rope_axial=7", "ape=3")), tmp_path)
+    seeds: dict[str, list[int]] = {}
+    for r in plan.runs:
+        seeds.setdefault(r.model, []).append(r.seed)
+    assert seeds["rope_axial"] == seeds["rope_axial~heads_axis_split"] == list(range(7))
+    assert seeds["ape"] == seeds["ape~table_rowcol"] == [0, 1, 2]
+    assert seeds["rope_late"] == seeds["ape_cell"] == list(range(5))
+    assert make_plan(cfg, tmp_path / "jobs", jobs=100).jobs == 3  # capped by the runs: 1 + 2
+    for bad in (("rope_axial",), ("vit=3",), ("rope_axial=0",), ("rope_axial=x",),
+                ("rope_axial=2", "rope_axial=3")):  # fmt: skip
+        with pytest.raises(ConfigError, match="study.model_seeds"):
+            replace(TINY_STUDY, model_seeds=bad)
+    code = main(["study", "--preset", "ladder", "--model-seeds", "ape=3", "--out",
+                 str(tmp_path / "ladder")])  # fmt: skip
+    assert code != 0 and "--model-seeds does not go with --preset ladder" in capsys.readouterr().err
+    code = main(["study", "--models", "ape", "--model-seeds", "rope_axial=3", "--out",
+                 str(tmp_path / "bad")])  # fmt: skip
+    err = capsys.readouterr().err.strip()
+    assert code != 0 and err.count("\n") == 0 and "study.model_seeds" in err
+    assert not (tmp_path / "bad").exists()

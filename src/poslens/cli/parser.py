@@ -227,6 +227,12 @@ def build_parser(prog: str = "poslens") -> argparse.ArgumentParser:
         "(default: the preset's count)",
     )
     sy.add_argument(
+        "--model-seeds",
+        metavar="MODEL=N[,MODEL=N]",
+        help="these study models (and their in-situ controls) run N seeds from the first seed "
+        "instead of --seeds, e.g. rope_axial=8: the seeds a level's power asks for on one model",
+    )
+    sy.add_argument(
         "--seed-start",
         type=int,
         help="the first seed (default 0): --seed-start 5 --seeds 5 replicates a study on seeds 5-9",

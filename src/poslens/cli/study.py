@@ -76,6 +76,8 @@ def cmd_study(args: argparse.Namespace) -> int:
     if args.models is not None:  # given, even empty: `--models ''` is refused, not ignored
         changes["models"] = tuple(m.strip() for m in args.models.split(",") if m.strip())
     changes.update(study_seeds(args.seeds, args.seed_start))
+    if args.model_seeds is not None:
+        changes["model_seeds"] = tuple(m.strip() for m in args.model_seeds.split(",") if m.strip())
     cfg = preset(args.preset, **changes)
     if args.train_precision is not None:
         if args.pretrained:
@@ -111,7 +113,8 @@ def _ladder(args: argparse.Namespace) -> int:
 
     refused = [flag for flag, given in (("--pretrained", args.pretrained), ("--data", args.data),
                ("--rebuild-finetune", args.rebuild_finetune),
-               ("--train-precision", args.train_precision)) if given]  # fmt: skip
+               ("--train-precision", args.train_precision),
+               ("--model-seeds", args.model_seeds)) if given]  # fmt: skip
     if refused:
         raise UserError(
             f"{refused[0]} does not go with --preset ladder: the ladder trains its own models on "

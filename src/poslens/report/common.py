@@ -81,6 +81,12 @@ def _reused_note(results: Mapping[str, Any]) -> str:
     return f" ({reused} of {len(stages)} stages reused from an earlier run)"
 
 
+def _own_seeds(cfg: Mapping[str, Any]) -> str:
+    """' (rope_axial 10 seeds)': the models run with their own seed count (study.model_seeds)."""
+    own = [str(item).replace("=", " ") for item in cfg.get("model_seeds") or ()]
+    return f" ({', '.join(own)} seeds)" if own else ""
+
+
 def summary(results: Mapping[str, Any], claims: Sequence[ClaimResult]) -> str:
     """The one-paragraph summary under the title: what ran, how long, and the verdict tally of
     its claims (claims_of(results))."""
@@ -98,7 +104,7 @@ def summary(results: Mapping[str, Any], claims: Sequence[ClaimResult]) -> str:
         + (f" and {edited} in-situ control{'s' * (edited != 1)} (those models' weights edited "
            "to plant or remove a mechanism, named MODEL~EDIT)" if edited else "")
         + f" with {fmt_value(seeds)} seed"
-        f"{'s' if seeds != 1 else ''} each, preset {fmt_value(cfg.get('preset'))}"
+        f"{'s' if seeds != 1 else ''} each{_own_seeds(cfg)}, preset {fmt_value(cfg.get('preset'))}"
         f", task {fmt_value(cfg.get('task'))}, in {fmt_duration(wall)} of wall time"
         + _reused_note(results)
         + "."

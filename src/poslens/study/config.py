@@ -52,6 +52,9 @@ class StudyConfig:
     # the first seed: a study runs seeds seed_start .. seed_start + seeds - 1, so a replication
     # on a disjoint seed set is `seed_start=5` (seed i trains and analyses the same either way)
     seed_start: int = 0
+    # "MODEL=N": that study model (and its in-situ controls) runs N seeds from seed_start instead
+    # of `seeds`, e.g. more seeds for the one model a level's power asks for (study/power.py)
+    model_seeds: tuple[str, ...] = ()
     task: str = "relation"
     experiments: tuple[str, ...] = CORE
     train_set: tuple[str, ...] = ()
@@ -89,8 +92,18 @@ class StudyConfig:
 
     @property
     def seed_list(self) -> tuple[int, ...]:
-        """The seeds this study runs, in order."""
+        """The seeds this study runs for a model without its own count, in order."""
         return tuple(range(self.seed_start, self.seed_start + self.seeds))
+
+    def seeds_of(self, model: str) -> tuple[int, ...]:
+        """The seeds `model` runs (study.model_seeds, else study.seeds), in order."""
+        n = self._model_seeds.get(model, self.seeds)  # type: ignore[attr-defined]
+        return tuple(range(self.seed_start, self.seed_start + n))
+
+    @property
+    def n_runs(self) -> int:
+        """Model-seed runs of the study models (their in-situ controls not counted)."""
+        return sum(len(self.seeds_of(m)) for m in self.model_keys)
 
     def __post_init__(self) -> None:
         one_of("study.preset", self.preset, PRESETS)
@@ -168,8 +181,31 @@ class StudyConfig:
             )
         # parsed once (not fields: results.json records the strings above)
         object.__setattr__(self, "_pretrained", pretrained)
+        object.__setattr__(self, "_model_seeds", self._parse_model_seeds(pretrained))
         object.__setattr__(self, "_only", only)
         object.__setattr__(self, "_sets", experiment_sets(self.analysis_set, "study.analysis_set"))
+
+    def _parse_model_seeds(self, pretrained: tuple[Pretrained, ...]) -> dict[str, int]:
+        """study.model_seeds as model -> seed count; ConfigError naming the field otherwise."""
+        keys = tuple(p.key for p in pretrained) if self.pretrained else self.models
+        out: dict[str, int] = {}
+        for item in self.model_seeds:
+            model, eq, count = str(item).partition("=")
+            model = model.strip()
+            try:
+                n = int(count)
+            except ValueError:
+                n = -1
+            if not eq or model not in keys or n < 1:
+                raise ConfigError(
+                    f"study.model_seeds entries look like MODEL=N with a study model "
+                    f"({', '.join(keys)}) and N >= 1; got {item!r}"
+                )
+            if model in out:
+                raise ConfigError(f"study.model_seeds gives {model} twice")
+            check_count(f"study.model_seeds ({model})", self.seed_start + n, "seeds")
+            out[model] = n
+        return out
 
     @property
     def pretrained_models(self) -> tuple[Pretrained, ...]:

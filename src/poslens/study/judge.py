@@ -363,8 +363,10 @@ def _no_power_text(
     )
     if power is not None and power.seeds_needed is not None:
         n = power.seeds_needed
+        own = ",".join(f"{m}={k}" for m, k in power.needed.items())
         out += (f" At the observed effect and spread, {n} seeds would decide it with "
-                f"{POWER:.0%} power (--seeds {n}).")  # fmt: skip
+                f"{POWER:.0%} power (--seeds {n}, or --model-seeds {own} for "
+                f"{'that model' if len(power.needed) == 1 else 'those models'} alone).")  # fmt: skip
     elif power is not None and power.needed:
         out += (" No seed count up to "
                 f"{MAX_SEEDS} would decide it: the effect sits on the threshold.")  # fmt: skip

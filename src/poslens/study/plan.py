@@ -177,12 +177,12 @@ def make_plan(
     check_sources(pretrained, cfg.images)
     only = cfg.only_models
     keys = cfg.model_keys
-    n_jobs = jobs_for(jobs, device, len(keys) * cfg.seeds)
+    n_jobs = jobs_for(jobs, device, cfg.n_runs)
     if not threads and n_jobs > 1:
         threads = max(1, (os.cpu_count() or 1) // n_jobs)
     runs = []
     for model in keys:
-        for seed in cfg.seed_list:
+        for seed in cfg.seeds_of(model):
             ecfgs = experiment_configs(cfg, seed)
             if pretrained:
                 rc, first, ckpt = None, "load", None

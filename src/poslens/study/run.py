@@ -56,7 +56,7 @@ def run_study(
     SLURM job instead (jobs: at most that many at a time, 0: all; threads 0: the job's CPUs).
     """
     if slurm is not None:
-        jobs = jobs or len(cfg.model_keys) * cfg.seeds
+        jobs = jobs or cfg.n_runs
         threads = threads or slurm.cpus_per_task
     plan = make_plan(cfg, out, device, threads, jobs)  # every config error before any work
     executor = make_executor(plan, slurm)
@@ -71,7 +71,9 @@ def _run(plan: Plan, executor: Executor, progress: bool) -> dict[str, Any]:
     start = time.perf_counter()
     by_run = execute(plan, executor, progress)
     runs_seconds = time.perf_counter() - start
-    runs = {m: [by_run[m, s][0] for s in cfg.seed_list] for m in plan.models}
+    runs: dict[str, list[dict[str, Any]]] = {}  # model -> its runs in seed order (as planned)
+    for r in plan.runs:
+        runs.setdefault(r.model, []).append(by_run[r.model, r.seed][0])
     # a pretrained model's in-situ controls whose edit does not fit it (an APE edit on a RoPE
     # model: the plan cannot know the encoding before the weights load) are not models of it
     runs = {m: rs for m, rs in runs.items()
