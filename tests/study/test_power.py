@@ -221,3 +221,8 @@ def test_more_seeds_on_the_study_model_alone_decide_what_five_could_not() -> Non
     late = next(line for line in more["controls"] if "control rope_late" in line)
     assert "over 5 of 5 seeds measured" in late and "not detected (as designed)" in late
     assert more["verdict"] == SUPPORTED and more["replication"]["stable"]
+    assert "fresh seed sets of the same sizes" in more["replication"]["text"]
+    # a level judging several models redraws each at its own count: position's 5-seed models
+    # are not redrawn at fewer seeds because rope_axial ran 15 (it read "fragile, 10%" before)
+    position = claim(judged(with_excess(15)), "position_matters.original")
+    assert position["verdict"] == SUPPORTED and position["replication"]["probability"] > 0.99

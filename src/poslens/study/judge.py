@@ -290,8 +290,8 @@ FAILED_CODE, SUPPORTED_CODE, NOT_SUPPORTED_CODE, NO_POWER_CODE = range(len(VERDI
 
 def _tests(study: list[Judged], controls: list[Judged]) -> list[Outcome]:
     """The level's family as replication.Outcome values (study models first)."""
-    return [Outcome(j.role, j.test.values, j.problem is None, j.detected, j.test.lower, j.test.upper)
-            for j in [*study, *controls]]  # fmt: skip
+    return [Outcome(j.role, j.test.values, j.problem is None, j.detected, j.test.lower, j.test.upper,
+                    j.seeds) for j in [*study, *controls]]  # fmt: skip
 
 
 def _decide_observed(rule: Rule, study: list[Judged], controls: list[Judged]) -> int:
@@ -442,7 +442,8 @@ def _claim(
         else:
             verdict, qualifier = INCONCLUSIVE, NO_POWER
             summary = _no_power_text(rule, study, controls, power)
-        replicates = replication(_tests(study, controls), rule.threshold, ALPHA, run_seeds, code,
+        tests = _tests(study, controls)
+        replicates = replication(tests, rule.threshold, ALPHA, min(t.design for t in tests), code,
                                  rule.id)  # fmt: skip
         if code != NO_POWER_CODE and not replicates.stable:
             summary = (f"Fragile: {VERDICT_CODES[code]} on this seed set, but {replicates.text()}. "

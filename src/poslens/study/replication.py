@@ -41,6 +41,11 @@ class Outcome:
     detected: bool  # the observed outcome (used where the test is not redrawn)
     lower: float
     upper: float
+    seeds: int = 0  # the seeds its model ran (study.model_seeds may differ by model); 0: as measured
+
+    @property
+    def design(self) -> int:
+        return self.seeds or len(self.values)
 
 
 def holm_rows(p: np.ndarray) -> np.ndarray:
@@ -109,15 +114,16 @@ def verdict_shares(
     seed_key: str,
     plug_in: bool = False,
 ) -> np.ndarray:
-    """The share of fresh seed sets of `seeds` seeds giving each verdict of VERDICT_CODES (from
-    the posterior predictive, or with plug_in taking the observed means and spreads as true)."""
+    """The share of fresh seed sets giving each verdict of VERDICT_CODES (from the posterior
+    predictive, or with plug_in taking the observed means and spreads as true), each test's model
+    running `seeds` seeds or its own count, whichever is larger (so `seeds` at or below the
+    smallest count redraws every test at its own)."""
     rng = np.random.default_rng(zlib.crc32(f"{seed_key}:{seeds}:{plug_in}".encode()))
-    run = max((len(t.values) for t in tests), default=0)
     drawn = [t.counts or (len(t.values) >= 2 and len(set(t.values)) > 1) for t in tests]
     cols_p, cols_lo, cols_hi = [], [], []
     for t, d in zip(tests, drawn, strict=True):
-        if d:  # a measured seed count short of the run's stays short by as many seeds
-            n_new = max(2, len(t.values) + seeds - run)
+        if d:  # a measured seed count short of its model's stays short by as many seeds
+            n_new = max(2, max(t.design, seeds) - (t.design - len(t.values)))
             p, lo, hi = _draw(t.values, n_new, threshold, alpha, rng, plug_in)
         else:
             p = np.full(DRAWS, np.nan)
@@ -149,10 +155,11 @@ class Replication:
 
     verdict: str  # the observed verdict (VERDICT_CODES' wording)
     probability: float
-    seeds: int
+    seeds: int  # the family's smallest seed count (each test is redrawn at its own)
     stable_at: int | None  # None: stable already, or no count in SEED_STEPS makes it so
     stable_verdict: str | None
     shares: dict[str, float]
+    mixed: bool = False  # the family's models ran different seed counts (study.model_seeds)
 
     @property
     def stable(self) -> bool:
@@ -160,12 +167,14 @@ class Replication:
 
     def text(self) -> str:
         """'replicates on 97% of fresh 5-seed sets' / '... 62% ...; stable (supported) at 10'."""
-        out = f"the same verdict on {self.probability:.0%} of fresh {self.seeds}-seed sets"
+        sets = "seed sets of the same sizes" if self.mixed else f"{self.seeds}-seed sets"
+        out = f"the same verdict on {self.probability:.0%} of fresh {sets}"
         if self.stable:
             return out
         if self.stable_at is None:
             return out + f"; no count up to {SEED_STEPS[-1]} seeds makes one verdict stable"
-        return out + f"; {self.stable_at} seeds would make it stable ({self.stable_verdict})"
+        least = " (at least, for every model)" if self.mixed else ""
+        return out + f"; {self.stable_at} seeds{least} would make it stable ({self.stable_verdict})"
 
     def to_dict(self) -> dict[str, object]:
         return {"probability": self.probability, "seeds": self.seeds, "draws": DRAWS,
@@ -177,7 +186,8 @@ class Replication:
 def replication(
     tests: Sequence[Outcome], threshold: float, alpha: float, seeds: int, code: int, key: str
 ) -> Replication:
-    """The replication estimate of a level whose observed verdict is VERDICT_CODES[code]."""
+    """The replication estimate of a level whose observed verdict is VERDICT_CODES[code]; `seeds`:
+    the smallest seed count of the family's models (each test is redrawn at its own count)."""
     shares = verdict_shares(tests, threshold, alpha, seeds, key)
     prob = float(shares[code])
     at, which = None, None
@@ -188,7 +198,8 @@ def replication(
                 at, which = n, VERDICT_CODES[int(more.argmax())]
                 break
     named = {VERDICT_CODES[i]: float(x) for i, x in enumerate(shares)}
-    return Replication(VERDICT_CODES[code], prob, seeds, at, which, named)
+    mixed = len({t.design for t in tests}) > 1
+    return Replication(VERDICT_CODES[code], prob, seeds, at, which, named, mixed)
 
 
 __all__ = ["DRAWS", "STABLE", "VERDICT_CODES", "Replication", "decide", "holm_rows",
