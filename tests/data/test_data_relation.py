@@ -158,3 +158,33 @@ def test_impossible_placement_raises_data_error(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(relation_module, "GAP_PX", 40.0)  # no two boxes fit this far apart
     with pytest.raises(DataError, match="object_scale"):
         task.train_batch(0, 8)
+
+
+def test_shuffled_splits_give_each_analysis_seed_its_own_subset_and_seed_0_the_task_order() -> None:
+    """data.task.ShuffledSplits (a pretrained study of `task:CHECKPOINT`): seed 0 reads the
+    task's splits as they are (what the native study reads); another seed reads the same images
+    in its own seeded order, so the first n differ; training batches and fields are the task's."""
+    from poslens.data.task import ShuffledSplits
+
+    cfg = DataConfig(image_size=16, n_val=40, n_test=60, object_scale=0.32)
+    task = build_task(cfg)
+    same = ShuffledSplits(task, 0)
+    for name in ("val", "test"):
+        x, y = task.split(name)
+        x0, y0 = same.split(name)
+        assert torch.equal(x0, x) and torch.equal(y0, y)
+        x1, y1 = ShuffledSplits(task, 1).split(name)
+        again = ShuffledSplits(build_task(cfg), 1).split(name)
+        assert torch.equal(again[0], x1) and torch.equal(again[1], y1)  # deterministic
+        assert not torch.equal(x1[:10], x[:10])  # another first ten
+        # the same images: each of seed 1's is one of the task's, with its label
+        flat, flat1 = x.flatten(1), x1.flatten(1)
+        match = (flat1[:, None, :] == flat[None, :, :]).all(-1)
+        assert (match.sum(1) == 1).all() and torch.equal(y[match.int().argmax(1)], y1)
+        assert not torch.equal(ShuffledSplits(task, 2).split(name)[1], y1)
+    xb, yb = ShuffledSplits(task, 3).train_batch(5, 8)
+    xt, yt = task.train_batch(5, 8)
+    assert torch.equal(xb, xt) and torch.equal(yb, yt)
+    shuffled = ShuffledSplits(task, 3)
+    assert shuffled.cfg is task.cfg and shuffled.num_classes == task.num_classes
+    assert (shuffled.image_size, shuffled.in_chans) == (task.image_size, task.in_chans)

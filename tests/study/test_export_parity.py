@@ -58,6 +58,14 @@ def test_an_exported_model_studied_as_pretrained_gives_the_native_numbers(tmp_pa
                     assert theirs[k] == pytest.approx(v, rel=1e-5, abs=1e-6), (name, k)
                 compared += 1
     assert compared > 100
+    # analysis seed 1 reads another subset of the task's images (seed 0 reads the native ones):
+    # accuracy, the same weights' number, now has a spread over analysis seeds
+    two = run_study(replace(pcfg, seeds=2, in_situ=False, experiments=("position_removal",)),
+                    tmp_path / "two", progress=False, jobs=1)  # fmt: skip
+    acc = [r["experiments"]["position_removal"]["headline"]["intact.accuracy"]
+           for r in two["models"][names["ape"]]["runs"]]  # fmt: skip
+    assert acc[0] == _numbers(studied["models"][names["ape"]])["position_removal.intact.accuracy"]
+    assert acc[1] != acc[0]
     # a task the model cannot read, or a folder that is no checkpoint: one-line errors
     other = replace(pcfg, pretrained=(specs[0],), images=f"task:{tmp_path}")
     with pytest.raises(CheckpointError, match="not a poslens checkpoint folder"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import torch
 from torch import Tensor
 
 from poslens.errors import DataError
@@ -48,6 +49,35 @@ class Task:
 
     def _make_split(self, name: str) -> tuple[Tensor, Tensor]:
         raise NotImplementedError
+
+
+class ShuffledSplits(Task):
+    """`task` with its fixed val and test sets each in a seeded order, so that their first n
+    images are another random subset for each seed; training batches and everything else are
+    the task's. Seed 0 keeps the task's own order. A pretrained study of a poslens checkpoint's
+    task (`task:CHECKPOINT`) reads its analysis seeds this way, as it does an image folder's."""
+
+    def __init__(self, task: Task, seed: int) -> None:
+        super().__init__()
+        self.task, self.seed = task, seed
+        self.name, self.num_classes, self.in_chans = task.name, task.num_classes, task.in_chans
+        self.image_size, self.class_names = task.image_size, task.class_names
+
+    def __getattr__(self, name: str) -> object:  # the wrapped task's own fields (its cfg, ...)
+        if name == "task":  # not yet set (copy, pickle): no recursion
+            raise AttributeError(name)
+        return getattr(self.task, name)
+
+    def train_batch(self, step: int, batch_size: int) -> tuple[Tensor, Tensor]:
+        return self.task.train_batch(step, batch_size)
+
+    def _make_split(self, name: str) -> tuple[Tensor, Tensor]:
+        x, y = self.task.split(name)
+        if not self.seed:
+            return x, y
+        order = make_rng(self.seed, "partition", 1 + SPLITS.index(name)).permutation(len(y))
+        idx = torch.from_numpy(order)
+        return x[idx], y[idx]
 
 
 def check_batch_args(step: int, batch_size: int) -> None:

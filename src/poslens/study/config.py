@@ -72,7 +72,8 @@ class StudyConfig:
     # `images` is then their image folder and `seeds` are analysis seeds: the image subset, RPI
     # permutation and random draws change with the seed, the weights do not.
     # `images` may also be "task:CHECKPOINT": that poslens checkpoint's own task (its fixed val and
-    # test splits, no preprocessing), to study a model exported with `poslens export` on its data.
+    # test splits, no preprocessing), to study a model exported with `poslens export` on its data;
+    # seed 0 reads each split in order (the native study's images), seed s > 0 in a seeded order.
     pretrained: tuple[str, ...] = ()
     images: str = ""
     # In-situ controls (interventions.in_situ): each judged model under the weight edits its

@@ -19,6 +19,7 @@ import torch
 import poslens
 from poslens.allocator import release_freed_memory
 from poslens.data import Task
+from poslens.data.task import ShuffledSplits
 from poslens.errors import CheckpointError, DataError
 from poslens.experiments.analyze import analyze
 from poslens.experiments.config import ExperimentConfig, resolved
@@ -119,8 +120,9 @@ class Source:
             if self.checkpoint is not None:
                 self._task = poslens.load_task(self.checkpoint)
             elif self.images.startswith(TASK_PREFIX):  # a poslens checkpoint's own task
-                self._task = poslens.load_task(self.images[len(TASK_PREFIX) :])
-                check_task_fits(self._task, model, self.images)
+                task = poslens.load_task(self.images[len(TASK_PREFIX) :])
+                check_task_fits(task, model, self.images)
+                self._task = ShuffledSplits(task, self.seed)  # seed 0: the splits in order
             elif self.prepared is not None:
                 self._task = prepared_images(self.prepared, self.images, model.cfg.num_classes,
                                              self.seed)  # fmt: skip
@@ -171,8 +173,10 @@ class Source:
         task = self.images.startswith(TASK_PREFIX)
         where = Path(self.images[len(TASK_PREFIX) :] if task else self.images).resolve()
         images = f"{TASK_PREFIX}{where}" if task else str(where)
+        # a task's splits are read in a seeded order per analysis seed (data.task.ShuffledSplits)
+        order = {"split_order": "seeded"} if task else {}
         return {"model": self.spec, "weights": self.weights, "weights_bytes": size,
-                "images": images, "image_seed": self.seed} | edit  # fmt: skip
+                "images": images, "image_seed": self.seed} | order | edit  # fmt: skip
 
 
 # The last pretrained model this process converted, by (spec, weights file and its size and
