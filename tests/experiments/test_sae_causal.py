@@ -24,11 +24,12 @@ from tests.conftest import tiny
 DATA = DataConfig(image_size=16, object_scale=0.32, n_val=30, n_test=40)
 
 
-def test_rowcol_other_image_swaps_only_those_latents_from_the_previous_image(
+def test_rowcol_resampling_swaps_only_those_latents_from_another_image_or_position(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The last edit resamples the row and column latents (and no other) from the same position
-    of another image (the batch rolled by one), spliced with the error term."""
+    """The last two edits resample the row and column latents (and no other) from the same
+    position of another image (the batch rolled by one), then from another position of the same
+    image, spliced with the error term."""
     from poslens.experiments.sae_causal import phases
     from poslens.sae.latents import find_positional_latents
 
@@ -46,7 +47,7 @@ def test_rowcol_other_image_swaps_only_those_latents_from_the_previous_image(
         phases, "spliced", lambda sae, edit=None, with_error=False: (edit, with_error)
     )
     planned = phases.conditions(None, pl, codes, sae_causal.Config(doses=(2,), draws=1))  # type: ignore[arg-type]
-    name, (edit, with_error), meta = planned[-1]
+    name, (edit, with_error), meta = planned[-2]
     assert name == sae_causal.ROWCOL_OTHER_IMAGE and with_error
     assert meta["group"] == sae_causal.ROWCOL_OTHER_IMAGE and meta["n"] == len(rowcol)
     x = torch.from_numpy(codes)
@@ -54,6 +55,18 @@ def test_rowcol_other_image_swaps_only_those_latents_from_the_previous_image(
     moved = np.isin(np.arange(f), rowcol)
     assert torch.equal(out[..., moved], x.roll(1, dims=0)[..., moved])  # same position
     assert torch.equal(out[..., ~moved], x[..., ~moved])
+    # the last: the same latents from another position of the same image (one fixed permutation
+    # of the positions, the same for every image), the other latents untouched
+    name, (edit, with_error), meta = planned[-1]
+    assert name == sae_causal.ROWCOL_OTHER_POSITION and with_error
+    assert meta["group"] == sae_causal.ROWCOL_OTHER_POSITION and meta["n"] == len(rowcol)
+    out = edit(x)
+    assert torch.equal(out[..., ~moved], x[..., ~moved])
+    mv = torch.from_numpy(moved)
+    src, got = x[0][:, mv], out[0][:, mv]  # [T, moved]
+    perm = [int((src == got[t]).all(1).nonzero()[0]) for t in range(g * g)]
+    assert sorted(perm) == list(range(g * g)) and perm != list(range(g * g))
+    assert torch.equal(out[..., moved], x[:, perm][..., moved])  # each image's own values
 
 
 def test_sae_causal_end_to_end(tmp_path: Path) -> None:

@@ -231,18 +231,24 @@ def test_the_sharper_level_shows_zeroing_beyond_resampling_from_another_image() 
     (their position is what the model uses), about 0 where both cost alike (their content)."""
     agg = sae_numbers(0.3, 0.1, acc=0.3)
     agg["sae_causal"][sae.key("early", sae.ROWCOL_OTHER_IMAGE, "d_accuracy")] = [-0.1] * SEEDS
+    agg["sae_causal"][sae.key("early", sae.ROWCOL_OTHER_POSITION, "d_accuracy")] = [-0.4] * SEEDS
     notes = dict(ape_downstream_notes(View("ape", entry("ape", agg))))
     (beyond,) = [v for k, v in notes.items() if "beyond resampling them" in k]
     assert beyond == pytest.approx(jitter(0.2, spread=-0.02))  # 0.3 lost against 0.1
+    # another position of the same image against the same position of another image
+    (moved,) = [v for k, v in notes.items() if "take another position's values" in k]
+    assert moved == pytest.approx([0.3] * SEEDS)  # 0.4 lost against 0.1
     # the controls show it too, named with their role: why a positive was (not) detected
     ms = calibrated()
     ms["ape_rowcol"]["aggregate"]["sae_causal"][
         sae.key("early", sae.ROWCOL_OTHER_IMAGE, "d_accuracy")] = mean_se([-0.35] * SEEDS)  # fmt: skip
     c = claim(judged(ms), "ape_explicit_features.sharper")
-    (line,) = [n for n in c["notes"] if n.startswith("ape_rowcol (positive control): ")]
+    (line,) = [n for n in c["notes"] if n.startswith("ape_rowcol (positive control): ")
+               and "beyond resampling them" in n]  # fmt: skip
     assert "beyond resampling them" in line and ": 0.05 [" in line  # 0.4 lost against 0.35
-    (shuffled,) = [n for n in c["notes"] if n.startswith("ape_shuffled (negative control): ")]
-    assert shuffled.endswith(": not measured")  # no number where the edit was not run
+    shuffled = [n for n in c["notes"] if n.startswith("ape_shuffled (negative control): ")]
+    assert len(shuffled) == 2  # no number where the edits were not run
+    assert all(n.endswith(": not measured") for n in shuffled)
     assert c["notes"][0].startswith("ape: ")  # the study model's notes come first
 
 

@@ -32,7 +32,12 @@ from poslens.experiments.sae_causal.config import (
 )
 from poslens.experiments.sae_causal.edits import matched_random, resample, set_to, spliced, zero
 from poslens.experiments.sae_causal.given import check_sites
-from poslens.experiments.sae_causal.result import ROWCOL_OTHER_IMAGE, SAECausal, SiteResult
+from poslens.experiments.sae_causal.result import (
+    ROWCOL_OTHER_IMAGE,
+    ROWCOL_OTHER_POSITION,
+    SAECausal,
+    SiteResult,
+)
 from poslens.metrics.stats import row_col_share
 from poslens.models import hooks
 from poslens.models.vit import ViT
@@ -55,7 +60,8 @@ def conditions(
     each dose (plain and +error); the row and column latents, the row latents alone, the column
     latents alone and the cell latents alone;
     uniform and matched random latents of each size (draws); mean ablation; resampling; the row
-    and column latents resampled from the same position of another image (their position kept).
+    and column latents resampled from the same position of another image (their position kept)
+    and from another position of the same image (their position broken).
     All but the plain splices carry the error term, so they differ only in which latents move."""
     lat = pl.latents
     out: list[Planned] = [
@@ -115,9 +121,10 @@ def conditions(
     # last: the edits before it keep their order and their random draws
     rowcol = pl.of_kind("row", "col")
     if len(rowcol):
-        out.append((ROWCOL_OTHER_IMAGE, spliced(sae, resample(rowcol, "other_image", cfg.seed), True),
-                    {"family": "rowcol_other_image", "group": ROWCOL_OTHER_IMAGE,
-                     "n": len(rowcol)}))  # fmt: skip
+        for how, name in (("other_image", ROWCOL_OTHER_IMAGE),
+                          ("other_position", ROWCOL_OTHER_POSITION)):  # fmt: skip
+            out.append((name, spliced(sae, resample(rowcol, how, cfg.seed), True),
+                        {"family": f"rowcol_{how}", "group": name, "n": len(rowcol)}))  # fmt: skip
     return out
 
 

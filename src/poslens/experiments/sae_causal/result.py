@@ -46,6 +46,11 @@ RESAMPLE_SAME_POSITION, RESAMPLE_OTHER_POSITION = "resample_other_image", "resam
 # their position kept, whatever else they carry swapped. Where this costs as much accuracy as
 # zeroing them, their cost is not their position (as at width 32: docs/study.md).
 ROWCOL_OTHER_IMAGE = "rowcol_other_image+error"
+# ... and from another position of the same image (a fixed random permutation of the positions,
+# +error): their position broken, the image's own content kept. What this costs beyond
+# ROWCOL_OTHER_IMAGE is what the model loses when these latents carry the wrong position
+# (METHODS.md: the resampling controls "should do nothing" vs "should break position").
+ROWCOL_OTHER_POSITION = "rowcol_other_position+error"
 
 # The readouts summarised per condition group (see SiteResult.summary).
 GROUPS = (
@@ -66,6 +71,7 @@ GROUPS = (
     RESAMPLE_SAME_POSITION,
     RESAMPLE_OTHER_POSITION,
     ROWCOL_OTHER_IMAGE,
+    ROWCOL_OTHER_POSITION,
 )
 
 

@@ -95,14 +95,21 @@ def ape_downstream_effect(v: View) -> Effect:
 
 def ape_content_notes(v: View) -> Notes:
     """What zeroing the row and column latents costs beyond resampling them from the same
-    position of another image: about 0 where their cost is what else they carry (shown for the
-    controls too, where it says why a positive went undetected)."""
+    position of another image (about 0 where their cost is what else they carry), and what
+    resampling them from another position of the same image costs beyond that (the position
+    they carry, used or not); shown for the controls too, where it says why a positive went
+    undetected."""
     return [
         ("accuracy lost when the row and column latents are zeroed beyond resampling them from "
          "the same position of another image (their position kept; about 0: what zeroing them "
          "costs is what else they carry, not their position)",
          minus(_sae(v, sae.ROWCOL_OTHER_IMAGE, "d_accuracy"),
                _sae(v, sae.ROWCOL_ZEROED, "d_accuracy"))),
+        ("accuracy lost when the row and column latents take another position's values in the "
+         "same image beyond the same position's values from another image (the position they "
+         "carry broken, against their content swapped; the original: 80.8 - 56.0 = 24.8 points)",
+         minus(_sae(v, sae.ROWCOL_OTHER_IMAGE, "d_accuracy"),
+               _sae(v, sae.ROWCOL_OTHER_POSITION, "d_accuracy"))),
     ]  # fmt: skip
 
 
