@@ -434,3 +434,28 @@ def test_sae_passes_stay_within_the_analysis_batch(monkeypatch: pytest.MonkeyPat
     small = sae_causal.phases.ActivationStore.from_model(m, x, site, batch_images=7)
     whole = sae_causal.phases.ActivationStore.from_model(m, x, site)
     assert torch.allclose(torch.as_tensor(small.acts_ND), torch.as_tensor(whole.acts_ND), atol=1e-6)
+
+
+def test_the_table_site_and_draw_sites_limit_the_further_draws_to_the_sites_named() -> None:
+    """sites "table" is block 0's raw residual (role "table"); draw_sites=("early",) repeats only
+    the early site's SAE in the further draws, so the table site's numbers are draw 0's alone
+    while the early site's are the mean of both; draw_sites must name entries of sites."""
+    m, task = tiny("ape", num_classes=16, ape_code="rowcol", ape_init_std=1.0), build_task(DATA)
+    cfg = sae_causal.Config(
+        sites=("early", "table"), draw_sites=("early",), sae_draws=2, n_images=30,
+        probe_images=20, batch_size=30, train_images=40, epochs=1, k=4, doses=(2,), draws=1,
+    )  # fmt: skip
+    from poslens.experiments.sae_causal.config import early_block, resolve_sites
+
+    early, table = hooks.normalized(early_block(m)), hooks.resid_pre(0)
+    assert resolve_sites(m, cfg, 0) == {early: ["early"], table: ["table"]}
+    d = json.loads(json.dumps(jsonable(sae_causal.run(m, task, cfg).to_dict())))
+    assert list(d["sae_sites"]) == [early, table]
+    assert [list(x) for x in d["sae_draws"]] == [[early]]  # the early site alone drawn again
+    h, h0 = sae_causal.headline(d), sae_causal.headline({"sae_sites": d["sae_sites"]})
+    h1 = sae_causal.headline({"sae_sites": d["sae_draws"][0]})
+    fvu = "table.fvu"
+    assert fvu in h and h[fvu] == h0[fvu] and fvu not in h1
+    assert h["early.fvu"] == pytest.approx((h0["early.fvu"] + h1["early.fvu"]) / 2)
+    with pytest.raises(ConfigError, match="analysis.draw_sites"):
+        replace(cfg, draw_sites=("probe",))

@@ -22,7 +22,7 @@ from poslens.experiments.sae_causal import result as sae
 from poslens.metrics.stats import holm, seed_test
 from poslens.study.aggregate import mean_se
 from poslens.study.claims import CLAIMS, ORIGINAL, RULES, SHARPER, View
-from poslens.study.claims.ape import ape_downstream_notes, ape_site_effect
+from poslens.study.claims.ape import ape_downstream_effect, ape_downstream_notes, ape_site_effect
 from poslens.study.claims.heads import UNITS
 from poslens.study.claims.split import rope_split_effect
 from poslens.study.config import StudyConfig
@@ -61,16 +61,21 @@ def jitter(x: float, n: int = SEEDS, spread: float = 0.02) -> list[float]:
 def sae_numbers(
     site: float, matched: float, acc: float = 0.3, n: int = SEEDS, spread: float = 0.02
 ) -> Agg:
-    """The row + column latents zeroed: the site probe's drop toward chance (matched random
-    latents: `matched`) and `acc` accuracy points lost (matched: none)."""
+    """At the early site, the row + column latents zeroed: the site probe's drop toward chance
+    (matched random latents: `matched`) and `acc` accuracy points lost (matched: none); at the
+    table site, `acc` accuracy points lost when they carry another position (their own from
+    another image: none)."""
     k = sae.key
-    s = "early"
+    s, t = "early", "table"
     return {"sae_causal": {
         k(s, sae.ROWCOL_ZEROED, sae.fixed_drop("site")): jitter(site, n),
         k(s, sae.MATCHED_ROWCOL, sae.fixed_drop("site")): [matched] * n,
         k(s, sae.ROWCOL_ZEROED, "d_accuracy"): jitter(-acc, n, spread),
         k(s, sae.MATCHED_ROWCOL, "d_accuracy"): [0.0] * n,
         sae.latents_key(s, "row"): [2.0] * n, sae.latents_key(s, "col"): [2.0] * n,
+        k(t, sae.ROWCOL_OTHER_IMAGE, "d_accuracy"): [0.0] * n,
+        k(t, sae.ROWCOL_OTHER_POSITION, "d_accuracy"): jitter(-acc, n, spread),
+        sae.latents_key(t, "row"): [2.0] * n, sae.latents_key(t, "col"): [2.0] * n,
     }}  # fmt: skip
 
 
@@ -226,28 +231,34 @@ def test_ape_levels_can_disagree_decodable_but_unused() -> None:
 
 
 def test_the_sharper_level_shows_zeroing_beyond_resampling_from_another_image() -> None:
-    """Beside the sharper level: the accuracy zeroing the row and column latents costs beyond
-    resampling them from the same position of another image; positive where zeroing costs more
-    (their position is what the model uses), about 0 where both cost alike (their content)."""
+    """Beside the sharper level, at both SAE sites: the accuracy zeroing the row and column
+    latents costs beyond resampling them from the same position of another image; positive where
+    zeroing costs more (their position is what the model uses), about 0 where both cost alike
+    (their content). At the early site also the level's own comparison (another position of the
+    same image against the same position of another image)."""
     agg = sae_numbers(0.3, 0.1, acc=0.3)
     agg["sae_causal"][sae.key("early", sae.ROWCOL_OTHER_IMAGE, "d_accuracy")] = [-0.1] * SEEDS
     agg["sae_causal"][sae.key("early", sae.ROWCOL_OTHER_POSITION, "d_accuracy")] = [-0.4] * SEEDS
     notes = dict(ape_downstream_notes(View("ape", entry("ape", agg))))
-    (beyond,) = [v for k, v in notes.items() if "beyond resampling them" in k]
+    (beyond,) = [v for k, v in notes.items() if "beyond resampling them" in k and "early" in k]
     assert beyond == pytest.approx(jitter(0.2, spread=-0.02))  # 0.3 lost against 0.1
-    # another position of the same image against the same position of another image
-    (moved,) = [v for k, v in notes.items() if "take another position's values" in k]
+    (at_table,) = [v for k, v in notes.items() if "beyond resampling them" in k and "raw" in k]
+    assert all(math.isnan(x) for x in at_table)  # not zeroed at the table site here
+    (moved,) = [v for k, v in notes.items() if k.startswith("the level's comparison at the early")]
     assert moved == pytest.approx([0.3] * SEEDS)  # 0.4 lost against 0.1
-    # the controls show it too, named with their role: why a positive was (not) detected
+    # the level's effect reads the table site: 0.3 lost against none (sae_numbers)
+    assert ape_downstream_effect(View("ape", entry("ape", agg))).values == pytest.approx(
+        jitter(0.3, spread=-0.02))  # fmt: skip
+    # the controls show the notes too, named with their role: why a positive was (not) detected
     ms = calibrated()
     ms["ape_rowcol"]["aggregate"]["sae_causal"][
         sae.key("early", sae.ROWCOL_OTHER_IMAGE, "d_accuracy")] = mean_se([-0.35] * SEEDS)  # fmt: skip
     c = claim(judged(ms), "ape_explicit_features.sharper")
     (line,) = [n for n in c["notes"] if n.startswith("ape_rowcol (positive control): ")
-               and "beyond resampling them" in n]  # fmt: skip
-    assert "beyond resampling them" in line and ": 0.05 [" in line  # 0.4 lost against 0.35
+               and "beyond resampling them" in n and "early site" in n]  # fmt: skip
+    assert ": 0.05 [" in line  # 0.4 lost against 0.35
     shuffled = [n for n in c["notes"] if n.startswith("ape_shuffled (negative control): ")]
-    assert len(shuffled) == 2  # no number where the edits were not run
+    assert len(shuffled) == 3  # no number where the edits were not run
     assert all(n.endswith(": not measured") for n in shuffled)
     assert c["notes"][0].startswith("ape: ")  # the study model's notes come first
 
@@ -435,7 +446,7 @@ BROKEN = [  # (rule, model, experiment, how, keys, the reason the verdict names)
     ("ape_explicit_features.original", "ape", "sae_causal", "nan", [MATCHED_SITE_DROP],
      "matched random latents"),
     ("ape_explicit_features.sharper", "ape", "sae_causal", "nan",
-     [sae.key("early", sae.ROWCOL_ZEROED, "d_accuracy")], "row/column edit"),
+     [sae.key("table", sae.ROWCOL_OTHER_POSITION, "d_accuracy")], "row/column resampling"),
     ("rope_planes_split.original", "rope_axial", "axis_map", "set_gate", [], "nothing to split"),
     ("rope_planes_split.original", "rope_axial", "position_removal", "drop",
      [pr.key(pr.random_condition(4), "accuracy"), RANDOM_ROW], "was not run"),

@@ -347,7 +347,7 @@ def preset(name: str, **changes: Any) -> StudyConfig:
                 "position_removal.rpi=false",
                 "heads.units=head", "heads.cumulative=1", "heads.axis_windows=false",
                 "heads.rebuild_probes=false", "heads.rebuild_ssdc=false", "heads.draws=2",
-                "sae_causal.sites=early", "sae_causal.train_images=200",
+                "sae_causal.sites=early,table", "sae_causal.train_images=200",
                 "sae_causal.epochs=2", "sae_causal.doses=4", "sae_causal.draws=2",
             ),
             n_images=100,
@@ -377,9 +377,13 @@ def preset(name: str, **changes: Any) -> StudyConfig:
                 # (docs/study.md, "The SAE instrument at the default"). The +error splice keeps
                 # the model exact whatever the SAE's own reconstruction costs (reported beside).
                 # Three SAEs per site, their effects averaged: the SAE's seed moved one model's
-                # planted effect from 0.14 to 0.43.
-                "sae_causal.sites=early", "sae_causal.k=8", "sae_causal.sae_draws=3",
-                "sae_causal.doses=1000", "sae_causal.draws=2",
+                # planted effect from 0.14 to 0.43. The sharper level reads a second SAE at
+                # block 0's raw residual ("table"), where the planted positives' row and column
+                # latents carrying another position cost 0.35 / 0.22 accuracy beyond their own
+                # position from another image with one SAE, and the negatives 0.00-0.01
+                # (docs/study.md, "The APE sharper level where the table enters"): one SAE there.
+                "sae_causal.sites=early,table", "sae_causal.draw_sites=early", "sae_causal.k=8",
+                "sae_causal.sae_draws=3", "sae_causal.doses=1000", "sae_causal.draws=2",
             ),
             n_images=150,
             probe_images=100,
@@ -399,7 +403,7 @@ def preset(name: str, **changes: Any) -> StudyConfig:
             probe_images=1000,
             ssdc_images=1000,
             analysis_set=(
-                "sae_causal.sites=early,probe",
+                "sae_causal.sites=early,probe,table",
                 "sae_causal.expansion=5", "sae_causal.k=64",
             ),
             only=("sae_causal=ape,sincos",),
@@ -411,6 +415,9 @@ def preset(name: str, **changes: Any) -> StudyConfig:
             seeds=5,
             train_set=('train.precision="fp32"',),
             experiments=EXPERIMENTS,
+            # the APE rules' SAE sites: the early block (original level) and block 0's raw
+            # residual (sharper level), besides the probe block
+            analysis_set=("sae_causal.sites=early,probe,table",),
             n_images=1000,
             probe_images=500,
             gate_retries=2,

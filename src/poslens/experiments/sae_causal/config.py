@@ -29,8 +29,9 @@ DRAW_SEED_STRIDE = 10_000
 # sites entries: "early" is the normalised residual entering block round(2 * depth / 12), the
 # original study's block 2 of 12 scaled to the model's depth; "probe" the probe block's (where
 # the intact model's position probes peak, or analysis.probe_block), as the original placed its
-# SAE. Any other entry is a hook name.
-EARLY, PROBE = "early", "probe"
+# SAE; "table" the raw residual entering block 0, where an additive position table is still one
+# additive term (no norm has divided it by a patch-dependent scale). Any other entry is a hook name.
+EARLY, PROBE, TABLE = "early", "probe", "table"
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,9 @@ class Config(ExperimentConfig):
     # headline number their mean: the SAE's own seed is noise in each effect (at width 32 and
     # k = 8 one model's planted row + column effect read 0.14, 0.17 and 0.43 over three SAE seeds)
     sae_draws: int = 1
+    # the entries of `sites` the further SAE draws repeat (empty: every site); a site left out is
+    # read from draw 0's SAE alone
+    draw_sites: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -61,7 +65,12 @@ class Config(ExperimentConfig):
         check_count("analysis.doses", self.doses, "doses")
         if not self.sites or any(not isinstance(s, str) or not s for s in self.sites):
             raise ConfigError(
-                f"analysis.sites must be hook names, early or probe, got {self.sites!r}"
+                f"analysis.sites must be hook names, early, probe or table, got {self.sites!r}"
+            )
+        if any(s not in self.sites for s in self.draw_sites):
+            raise ConfigError(
+                f"analysis.draw_sites must be entries of analysis.sites {self.sites!r}, "
+                f"got {self.draw_sites!r}"
             )
         if not isinstance(self.k, int) or isinstance(self.k, bool) or self.k < 0:
             raise ConfigError(
@@ -111,6 +120,12 @@ def auto_k(d_in: int) -> int:
     return max(4, round(d_in / 12))
 
 
+def drawn_again(cfg: Config, hook: str, roles: list[str]) -> bool:
+    """Whether the further SAE draws repeat the site `hook` (playing `roles`): cfg.draw_sites
+    names it or one of its roles, or is empty."""
+    return not cfg.draw_sites or hook in cfg.draw_sites or any(r in cfg.draw_sites for r in roles)
+
+
 def applies(model: ViT) -> str | None:
     return None
 
@@ -133,10 +148,12 @@ def site_index(model: ViT, site: str) -> int:
 
 def resolve_sites(model: ViT, cfg: Config, probe_block: int) -> dict[str, list[str]]:
     """cfg.sites as hook names, in order without repeats, each with the roles it plays ("early",
-    "probe"; none for a site named by its hook)."""
+    "probe", "table"; none for a site named by its hook)."""
     sites: dict[str, list[str]] = {}
     for s in cfg.sites:
-        if s == EARLY:
+        if s == TABLE:
+            sites.setdefault(hooks.resid_pre(0), []).append(TABLE)
+        elif s == EARLY:
             sites.setdefault(
                 normalised_hook(model, min(early_block(model), model.cfg.depth)), []
             ).append(EARLY)
@@ -155,9 +172,11 @@ __all__ = [
     "PROBE",
     "RECON_MAX_COST",
     "SELECTION_IMAGES",
+    "TABLE",
     "Config",
     "applies",
     "auto_k",
+    "drawn_again",
     "early_block",
     "resolve_sites",
     "site_index",

@@ -27,6 +27,7 @@ from poslens.experiments.sae_causal.config import (
     RECON_MAX_COST,
     SELECTION_IMAGES,
     Config,
+    drawn_again,
     resolve_sites,
     site_index,
 )
@@ -309,7 +310,7 @@ def run(
     ]
     draws = [
         [run_site(model, data, cfg, s, base, floor, x, y, progress, None, roles, j)
-         for s, roles in sites.items()]
+         for s, roles in sites.items() if drawn_again(cfg, s, roles)]
         for j in range(1, cfg.sae_draws)
     ]  # fmt: skip
     return SAECausal(
