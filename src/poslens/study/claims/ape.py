@@ -131,8 +131,9 @@ def ape_content_notes(v: View) -> Notes:
              "0: what zeroing them costs is what else they carry, not their position)",
              minus(_sae(v, sae.ROWCOL_OTHER_IMAGE, "d_accuracy", site),
                    _sae(v, sae.ROWCOL_ZEROED, "d_accuracy", site))))  # fmt: skip
-    out.append(("the level's comparison at the early site, where a norm has mixed each patch's "
-                "content into the row and column latents",
+    out.append(("the level's comparison at the early site (accuracy lost when the row and "
+                "column latents carry another position beyond their own from another image), "
+                "where a norm has mixed each patch's content into them",
                 minus(_sae(v, sae.ROWCOL_OTHER_IMAGE, "d_accuracy"),
                       _sae(v, sae.ROWCOL_OTHER_POSITION, "d_accuracy"))))  # fmt: skip
     return out
