@@ -28,7 +28,8 @@ from tests.conftest import tiny
 DATA = DataConfig(image_size=16, object_scale=0.32, n_val=30, n_test=60)
 SIZES = dict(n_images=60, probe_images=40, batch_size=60)
 SETTINGS = {  # small but complete: every condition a rule compares with is run
-    "sae_causal": dict(sites=("early",), train_images=60, epochs=2, k=8, doses=(2,), draws=1),
+    "sae_causal": dict(sites=("early", "table"), train_images=60, epochs=2, k=8, doses=(2,),
+                       draws=1),
     "windows": dict(axis_windows=False, probe_curves=False, draws=1),
     "heads": dict(units=("block_head",), cumulative=(1,), rebuild_probes=False, draws=1),
     "position_removal": dict(draws=1),
