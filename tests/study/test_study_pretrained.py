@@ -215,10 +215,16 @@ def test_pretrained_config_errors(sources: tuple[Path, dict[str, Path]], tmp_pat
 def test_paper_preset_for_pretrained_models_is_the_original_protocol() -> None:
     cfg = preset("paper", pretrained=(f"timm:{APE}=hub",), images="imagenet/val")
     assert (cfg.n_images, cfg.probe_images, cfg.ssdc_images, cfg.seeds) == (5000, 1000, 1000, 3)
-    # the APE claims read the early site (claims.ape.SITE): the SAE must sit there too
-    assert {"sae_causal.expansion=5", "sae_causal.k=64", "sae_causal.sites=early,probe"} <= set(
-        cfg.analysis_set
-    )
+    # the APE claims read the early site (claims.ape.SITE) and the table site (USE_SITE): SAEs
+    # must sit at both
+    from poslens.study.claims.ape import SITE, USE_SITE
+
+    sites = {"sae_causal.sites=early,probe,table"}
+    assert {"sae_causal.expansion=5", "sae_causal.k=64"} | sites <= set(cfg.analysis_set)
+    for name, kw in (("quick", {}), ("default", {}), ("paper", {}),
+                     ("quick", {"pretrained": (f"timm:{APE}=hub",), "images": "imagenet/val"})):  # fmt: skip
+        given = preset(name, **kw).analysis_sets.get("sae_causal", {}).get("sites", "")
+        assert {SITE, USE_SITE} <= set(given.split(",")), (name, kw)
     assert cfg.model_keys == (APE,)
     sae = Stage("sae_causal", APE, 0, 1.0, only=cfg.only_models["sae_causal"])
     assert sae.skipped_for("ape") is False  # SAEs on the APE model only
