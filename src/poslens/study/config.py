@@ -91,11 +91,6 @@ class StudyConfig:
     # retrained from reserve seeds (slot + 1000 * attempt), up to gate_retries times (0: off)
     gate_retries: int = 0
 
-    @property
-    def seed_list(self) -> tuple[int, ...]:
-        """The seeds this study runs for a model without its own count, in order."""
-        return tuple(range(self.seed_start, self.seed_start + self.seeds))
-
     def seeds_of(self, model: str) -> tuple[int, ...]:
         """The seeds `model` runs (study.model_seeds, else study.seeds), in order."""
         n = self._model_seeds.get(model, self.seeds)  # type: ignore[attr-defined]
