@@ -177,7 +177,13 @@ def test_the_ape_sharper_rule_sees_a_used_row_column_code_and_not_an_unusable_on
     for name in ("ape_rowcol", "ape_shuffled"):
         train(apply_overrides(run_preset(name), list(TINY_TRAIN)), tmp_path / name, progress=False)
         model, data = poslens.load(tmp_path / name), poslens.load_task(tmp_path / name)
-        v = _view(model, data, ("sae_causal",), tmp_path)
+        ec = experiment_configs(replace(preset("default"), n_images=200, probe_images=100))
+        # the default's SAE at the table site alone (its early site's three SAEs: not read here)
+        cfg = replace(ec["sae_causal"], sites=("table",), draw_sites=(), sae_draws=1)
+        rec = analyze(model, data, ["sae_causal"], [cfg], tmp_path, formats=())
+        v = View("m", {"posenc": "ape", "runs": [{"experiments": {"sae_causal": {}}}],
+                       "aggregate": {"sae_causal": {k: {"values": [x]} for k, x in
+                                                    rec["sae_causal"]["headline"].items()}}})  # fmt: skip
         (effect[name],) = ape_downstream_effect(v).values
         found[name] = sum(v.values(sae.latents_key(USE_SITE, k))[0] for k in ("row", "col"))
     assert all(n > 0 for n in found.values()), found
