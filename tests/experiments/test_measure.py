@@ -66,3 +66,31 @@ def test_large_clean_features_are_handed_back_before_the_rpi_pass(
     monkeypatch.setattr(measurement, "TRIM_BYTES", 10**12)
     measure(m, x, y, cfg, probe_sites=[0, 2])  # small features
     assert len(calls) == 5
+
+
+def test_without_refits_a_condition_reads_the_fixed_probes_alone_and_the_same_numbers() -> None:
+    """Passes.refit False: no probe is fitted on the condition, the intact model's fixed probes
+    read exactly what they read with refits (clean and under RPI), and nothing else changes."""
+    x, y = build_task(DataConfig(image_size=16, object_scale=0.32, n_val=16, n_test=24)).split(
+        "test"
+    )
+    m = tiny("ape", num_classes=16, depth=2)
+    cfg = ExperimentConfig(n_images=24, probe_images=16, batch_size=8)
+    fixed = measure(m, x, y, cfg, probe_sites=[0, 2]).fixed_probes()
+    both = measure(m, x.flip(0), y.flip(0), cfg, probe_sites=[0, 2], fixed=fixed)
+    alone = measure(m, x.flip(0), y.flip(0), cfg, probe_sites=[0, 2], fixed=fixed,
+                    passes=Passes(refit=False))  # fmt: skip
+    assert alone.probes is None and alone.probes_rpi is None and alone.fitted is None
+    assert both.fixed is not None and alone.fixed is not None and alone.fixed_rpi is not None
+    np.testing.assert_array_equal(alone.fixed, both.fixed)
+    np.testing.assert_array_equal(alone.fixed_rpi, both.fixed_rpi)
+    for name in ("correct", "margin", "ssdc_rpi", "ssdc_rpi_norm"):
+        np.testing.assert_array_equal(getattr(alone, name), getattr(both, name))
+    assert alone.has_probes(2, "fixed") and not alone.has_probes(2, "refit")
+    assert not alone.has_probes(2, "refit_rpi") and both.has_probes(2, "refit")
+    with pytest.raises(ValueError, match="no refit probes"):
+        alone.probe_at(2, "refit")
+    with pytest.raises(ValueError, match="fixed probes, and none were given"):
+        measure(m, x, y, cfg, probe_sites=[0], passes=Passes(refit=False))
+    # the intact model's passes always fit: its probes become every condition's fixed ones
+    assert Passes(refit=False).intact.refit

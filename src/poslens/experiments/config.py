@@ -29,11 +29,15 @@ class Passes:
     # probes fitted (and fixed probes read) under RPI, in those passes; False: nothing is probed
     # under RPI and the floor makes no RPI pass
     rpi_probes: bool = True
+    # probes refitted on each condition's activations (what position a new probe can still
+    # decode); False: a condition given the intact model's fixed probes reads those alone (what
+    # the model's representation lost, the reading METHODS.md prefers), one fit fewer per pass
+    refit: bool = True
 
     def __or__(self, other: Passes) -> Passes:
-        """Every pass either makes."""
+        """Every pass (and fit) either makes."""
         return Passes(self.probes or other.probes, self.rpi or other.rpi,
-                      self.rpi_probes or other.rpi_probes)  # fmt: skip
+                      self.rpi_probes or other.rpi_probes, self.refit or other.refit)  # fmt: skip
 
     @property
     def under_rpi(self) -> bool:
@@ -47,8 +51,9 @@ class Passes:
 
     @property
     def intact(self) -> Passes:
-        """The intact model's: its RPI pass always (where anything is probed)."""
-        return replace(self, rpi=True)
+        """The intact model's: its RPI pass always (where anything is probed), its probes fitted
+        (they become every condition's fixed probes)."""
+        return replace(self, rpi=True, refit=True)
 
     @property
     def floor(self) -> Passes:

@@ -78,10 +78,10 @@ class Readout:
 
     def probe_at(self, site: int, kind: str = "refit") -> np.ndarray:
         """Test accuracy [3] (exact, row, col) of one kind of probe (PROBE_KINDS) at this site."""
-        if self.probes is None or site not in self.probe_sites:
-            raise ValueError(f"no probes were fitted at site {site}")
+        if site not in self.probe_sites:
+            raise ValueError(f"no probes were read at site {site}")
         table = {
-            "refit": self.probes.test_acc,
+            "refit": None if self.probes is None else self.probes.test_acc,
             "refit_rpi": None if self.probes_rpi is None else self.probes_rpi.test_acc,
             "fixed": self.fixed,
             "fixed_rpi": self.fixed_rpi,
@@ -200,7 +200,9 @@ def measure(
     site, probes are fitted and read clean only, and the readout cannot become fixed probes
     (those need both); without `passes.probes` nothing is probed and no SSDC read (accuracy and
     margins alone); without `passes.rpi_probes` the RPI pass reads SSDC only, no probes are
-    fitted under RPI (its fixed probes are then clean only). resume: the pass begins at
+    fitted under RPI (its fixed probes are then clean only); without `passes.refit` no probe is
+    fitted, only the `fixed` probes are read (which must then be given), and the readout cannot
+    become fixed probes. resume: the pass begins at
     `resume.block` from that prefix (the caller's guarantee: `condition` agrees with the
     prefix's on the blocks before); for such a clean pass only (no RPI pass, no clean SSDC).
     rpi_through=s: the RPI pass stops after site s (no probe site beyond it): RPI-SSDC is NaN at
@@ -250,6 +252,10 @@ def _measure(
         raise ValueError("a prefix starts clean passes without SSDC, at its own batch size")
     if not passes.probes and (probe_sites or clean_ssdc):
         raise ValueError("passes without probes read no probe and no SSDC")
+    if probe_sites and not passes.refit and fixed is None:
+        raise ValueError(
+            "passes without refitted probes read the fixed probes, and none were given"
+        )
     raw, norm = site_names(model)
     p = model.cfg.num_prefix
     dev = model.head.weight.device
@@ -309,8 +315,9 @@ def _measure(
                 allocator.release_freed_memory()  # the pass's freed caches: the fit maps afresh
             with full_precision(dev):
                 stacked = feats.stacked()  # [sites, N, T, D]
-                fit = fit_probes(stacked, gh, gw, seed=cfg.seed, shuffle_labels=probe_control)
-                probes = fit.result
+                if passes.refit:
+                    fit = fit_probes(stacked, gh, gw, seed=cfg.seed, shuffle_labels=probe_control)
+                    probes = fit.result
                 if fixed is not None:
                     fixed_acc = _read_fixed(fixed, fixed.clean, probe_sites, stacked)
                 freed = stacked.nbytes
@@ -348,15 +355,17 @@ def _measure(
     )  # fmt: skip
     clean_values = np.array([s.value() for s in clean]) if clean_ssdc else None
     if probe_sites:
-        assert fit is not None
         fit_rpi = None
         if rpi_pass and rpi_probes:
             stacked_rpi = feats_rpi.stacked()
-            fit_rpi = fit_probes(stacked_rpi, gh, gw, seed=cfg.seed, shuffle_labels=probe_control)
-            probes_rpi = fit_rpi.result
+            if passes.refit:
+                fit_rpi = fit_probes(stacked_rpi, gh, gw, seed=cfg.seed,
+                                     shuffle_labels=probe_control)  # fmt: skip
+                probes_rpi = fit_rpi.result
             if fixed is not None and fixed.rpi is not None:
                 fixed_rpi = _read_fixed(fixed, fixed.rpi, probe_sites, stacked_rpi)
-        if fit_rpi is not None or not rpi_probes:  # RPI probes fitted, or none asked for
+        # the fits become fixed probes where they were made: clean, and under RPI if asked for
+        if fit is not None and (fit_rpi is not None or not rpi_probes):
             fitted = FixedProbes(probe_sites, fit, fit_rpi)
     return Readout(
         correct=in_order(correct).numpy(),
