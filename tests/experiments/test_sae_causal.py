@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -459,3 +460,56 @@ def test_the_table_site_and_draw_sites_limit_the_further_draws_to_the_sites_name
     assert h["early.fvu"] == pytest.approx((h0["early.fvu"] + h1["early.fvu"]) / 2)
     with pytest.raises(ConfigError, match="analysis.draw_sites"):
         replace(cfg, draw_sites=("probe",))
+
+
+def test_without_refits_every_edit_keeps_its_fixed_probe_and_accuracy_numbers() -> None:
+    """sae_causal.refit=false (the default study's): each edit reads the intact model's fixed
+    probes alone; every number but the refitted probes' is the same, those are not measured."""
+    m, task = tiny("ape", num_classes=16, ape_code="rowcol", ape_init_std=1.0), build_task(DATA)
+    cfg = sae_causal.Config(
+        sites=("blocks.0.hook_resid_pre",), n_images=30, probe_images=20, batch_size=30,
+        train_images=40, epochs=2, k=4, doses=(2,), draws=1,
+    )  # fmt: skip
+    both = sae_causal.run(m, task, cfg).results[0]
+    alone = sae_causal.run(m, task, replace(cfg, refit=False)).results[0]
+    assert [c.name for c in alone.conditions] == [c.name for c in both.conditions]
+    for a, b in zip(alone.conditions, both.conditions, strict=True):
+        assert a.d_accuracy == b.d_accuracy and a.d_margin == b.d_margin
+        np.testing.assert_array_equal(a.probe_fixed, b.probe_fixed)
+        np.testing.assert_array_equal(a.probe_fixed_rpi, b.probe_fixed_rpi)
+        assert a.probe is None and a.probe_rpi is None and b.probe is not None
+    sa, sb = alone.summary(), both.summary()
+    for group in set(sb) & set(sae_causal.GROUPS):
+        for name, value in sb[group].items():
+            if name.startswith("refit_"):
+                assert math.isnan(sa[group][name]) and math.isfinite(value)
+            else:
+                assert sa[group][name] == pytest.approx(value, nan_ok=True), (group, name)
+    with pytest.raises(ConfigError, match="analysis.refit"):
+        sae_causal.Config(refit="no")  # type: ignore[arg-type]
+
+
+def test_a_rowcol_site_runs_only_the_row_and_column_edits_with_the_same_numbers() -> None:
+    """rowcol_sites (the default study's table site): the reconstruction and the row and column
+    latents zeroed and resampled, exactly as a full run of the same SAE measures them, and no
+    other edit; rowcol_sites must name entries of sites."""
+    m, task = tiny("ape", num_classes=16, ape_code="rowcol", ape_init_std=1.0), build_task(DATA)
+    cfg = sae_causal.Config(
+        sites=("table",), n_images=30, probe_images=20, batch_size=30, train_images=40,
+        epochs=2, k=4, doses=(2,), draws=1, refit=False,
+    )  # fmt: skip
+    full = sae_causal.run(m, task, cfg).results[0]
+    only = sae_causal.run(m, task, replace(cfg, rowcol_sites=("table",))).results[0]
+    names = [c.name for c in only.conditions]
+    assert names == [c.name for c in full.conditions if c.name in sae_causal.ROWCOL_EDITS]
+    assert set(names) == set(sae_causal.ROWCOL_EDITS)  # the planted code has row + col latents
+    by_name = {c.name: c for c in full.conditions}
+    for c in only.conditions:
+        assert c.d_accuracy == by_name[c.name].d_accuracy
+        np.testing.assert_array_equal(c.probe_fixed, by_name[c.name].probe_fixed)
+    s_only, s_full = only.summary(), full.summary()
+    assert set(s_only) & set(sae_causal.GROUPS) == set(sae_causal.ROWCOL_EDITS)
+    for group in sae_causal.ROWCOL_EDITS:
+        assert s_only[group] == pytest.approx(s_full[group], nan_ok=True)
+    with pytest.raises(ConfigError, match="analysis.rowcol_sites"):
+        replace(cfg, rowcol_sites=("early",))

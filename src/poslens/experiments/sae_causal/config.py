@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from poslens.errors import ConfigError
-from poslens.experiments.config import ExperimentConfig
+from poslens.experiments.config import ExperimentConfig, Passes
 from poslens.limits import check_count
 from poslens.models import hooks
 from poslens.models.vit import ViT
@@ -57,6 +57,15 @@ class Config(ExperimentConfig):
     # the entries of `sites` the further SAE draws repeat (empty: every site); a site left out is
     # read from draw 0's SAE alone
     draw_sites: tuple[str, ...] = ()
+    # the entries of `sites` that run only the edits of the row and column latents the APE
+    # sharper level and its notes read (result.ROWCOL_EDITS: zeroed, resampled from another image
+    # and from another position, beside the reconstruction alone): no dose ladder, no random
+    # controls (empty: every edit at every site)
+    rowcol_sites: tuple[str, ...] = ()
+    # probes refitted on every edit, clean and under RPI (what a new probe can still decode);
+    # False: each edit reads the intact model's fixed probes alone, the probes the APE rules
+    # read, a third of the test's time at width 32 (docs/study.md, "Faster SAE edits")
+    refit: bool = True
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -67,11 +76,14 @@ class Config(ExperimentConfig):
             raise ConfigError(
                 f"analysis.sites must be hook names, early, probe or table, got {self.sites!r}"
             )
-        if any(s not in self.sites for s in self.draw_sites):
-            raise ConfigError(
-                f"analysis.draw_sites must be entries of analysis.sites {self.sites!r}, "
-                f"got {self.draw_sites!r}"
-            )
+        for name in ("draw_sites", "rowcol_sites"):
+            if any(s not in self.sites for s in getattr(self, name)):
+                raise ConfigError(
+                    f"analysis.{name} must be entries of analysis.sites {self.sites!r}, "
+                    f"got {getattr(self, name)!r}"
+                )
+        if not isinstance(self.refit, bool):
+            raise ConfigError(f"analysis.refit must be true or false, got {self.refit!r}")
         if not isinstance(self.k, int) or isinstance(self.k, bool) or self.k < 0:
             raise ConfigError(
                 f"analysis.k must be 0 (automatic) or a positive count, got {self.k!r}"
@@ -86,6 +98,11 @@ class Config(ExperimentConfig):
                 f"analysis.sae_draws must be a count from 1 to {MAX_SAE_DRAWS}, "
                 f"got {self.sae_draws!r}"
             )
+
+    @property
+    def passes(self) -> Passes:
+        """Every edit's passes: the shared ones, refitting its probes only where `refit`."""
+        return replace(super().passes, refit=self.refit)
 
     def draw(self, j: int) -> Config:
         """The config of SAE draw j (draw 0 is this config itself)."""
@@ -120,10 +137,21 @@ def auto_k(d_in: int) -> int:
     return max(4, round(d_in / 12))
 
 
+def _names(entries: tuple[str, ...], hook: str, roles: list[str]) -> bool:
+    """Whether `entries` (of Config.sites) name the site `hook` or one of its `roles`."""
+    return hook in entries or any(r in entries for r in roles)
+
+
 def drawn_again(cfg: Config, hook: str, roles: list[str]) -> bool:
     """Whether the further SAE draws repeat the site `hook` (playing `roles`): cfg.draw_sites
     names it or one of its roles, or is empty."""
-    return not cfg.draw_sites or hook in cfg.draw_sites or any(r in cfg.draw_sites for r in roles)
+    return not cfg.draw_sites or _names(cfg.draw_sites, hook, roles)
+
+
+def rowcol_only(cfg: Config, hook: str, roles: list[str]) -> bool:
+    """Whether the site `hook` (playing `roles`) runs only the row and column edits
+    (cfg.rowcol_sites names it or one of its roles)."""
+    return _names(cfg.rowcol_sites, hook, roles)
 
 
 def applies(model: ViT) -> str | None:
@@ -179,5 +207,6 @@ __all__ = [
     "drawn_again",
     "early_block",
     "resolve_sites",
+    "rowcol_only",
     "site_index",
 ]

@@ -29,11 +29,13 @@ from poslens.experiments.sae_causal.config import (
     Config,
     drawn_again,
     resolve_sites,
+    rowcol_only,
     site_index,
 )
 from poslens.experiments.sae_causal.edits import matched_random, resample, set_to, spliced, zero
 from poslens.experiments.sae_causal.given import check_sites
 from poslens.experiments.sae_causal.result import (
+    ROWCOL_EDITS,
     ROWCOL_OTHER_IMAGE,
     ROWCOL_OTHER_POSITION,
     SAECausal,
@@ -256,7 +258,10 @@ def run_site(
     fixed = base.fixed_probes()
     results, probes = [], {}
     label = f"sae_causal {site}" + (f" (SAE draw {draw + 1})" if draw else "")
-    for name, cond, meta in track(conditions(sae, pl, codes, dcfg), label, progress):
+    planned = conditions(sae, pl, codes, dcfg)
+    if rowcol_only(cfg, site, roles or []):  # the same edits, the others left out
+        planned = [p for p in planned if p[0] in ROWCOL_EDITS]
+    for name, cond, meta in track(planned, label, progress):
         r = measure(model, x, y, cfg, cond, probe_sites=probe_sites, fixed=fixed,
                     passes=cfg.passes)  # fmt: skip
         results.append(summarise(name, r, base, floor, idx, meta))

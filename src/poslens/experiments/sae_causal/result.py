@@ -51,6 +51,9 @@ ROWCOL_OTHER_IMAGE = "rowcol_other_image+error"
 # ROWCOL_OTHER_IMAGE is what the model loses when these latents carry the wrong position
 # (METHODS.md: the resampling controls "should do nothing" vs "should break position").
 ROWCOL_OTHER_POSITION = "rowcol_other_position+error"
+# The edits a site in Config.rowcol_sites runs: the reconstruction alone (the SAE's own cost),
+# the row and column latents zeroed, and resampled from another image and from another position
+ROWCOL_EDITS = (RECONSTRUCTION, ROWCOL_ZEROED, ROWCOL_OTHER_IMAGE, ROWCOL_OTHER_POSITION)
 
 # The readouts summarised per condition group (see SiteResult.summary).
 GROUPS = (
@@ -308,6 +311,7 @@ __all__ = [
     "MATCHED_COL",
     "MATCHED_ROW",
     "MATCHED_ROWCOL",
+    "ROWCOL_EDITS",
     "ROWCOL_ZEROED",
     "ROW_ZEROED",
     "K",
