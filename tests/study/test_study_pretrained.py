@@ -223,8 +223,13 @@ def test_paper_preset_for_pretrained_models_is_the_original_protocol() -> None:
     assert {"sae_causal.expansion=5", "sae_causal.k=64"} | sites <= set(cfg.analysis_set)
     for name, kw in (("quick", {}), ("default", {}), ("paper", {}),
                      ("quick", {"pretrained": (f"timm:{APE}=hub",), "images": "imagenet/val"})):  # fmt: skip
-        given = preset(name, **kw).analysis_sets.get("sae_causal", {}).get("sites", "")
-        assert {SITE, USE_SITE} <= set(given.split(",")), (name, kw)
+        sae = preset(name, **kw).analysis_sets.get("sae_causal", {})
+        assert {SITE, USE_SITE} <= set(sae.get("sites", "").split(",")), (name, kw)
+        # the fast presets read each SAE edit with the fixed probes alone (what the APE rules
+        # read), the default only the row and column edits at the table site; the original
+        # protocol refits the probes and runs every edit everywhere
+        assert sae.get("refit", "true") == str(name == "paper").lower(), (name, kw)
+        assert sae.get("rowcol_sites", "") == (USE_SITE if name == "default" else ""), (name, kw)
     assert cfg.model_keys == (APE,)
     sae = Stage("sae_causal", APE, 0, 1.0, only=cfg.only_models["sae_causal"])
     assert sae.skipped_for("ape") is False  # SAEs on the APE model only
