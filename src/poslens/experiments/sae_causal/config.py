@@ -6,6 +6,7 @@ from dataclasses import dataclass, replace
 
 from poslens.errors import ConfigError
 from poslens.experiments.config import ExperimentConfig, Passes
+from poslens.experiments.sae_causal.result import NAME
 from poslens.limits import check_count
 from poslens.models import hooks
 from poslens.models.vit import ViT
@@ -80,7 +81,8 @@ class Config(ExperimentConfig):
             if any(s not in self.sites for s in getattr(self, name)):
                 raise ConfigError(
                     f"analysis.{name} must be entries of analysis.sites {self.sites!r}, "
-                    f"got {getattr(self, name)!r}"
+                    f"got {getattr(self, name)!r} (a preset may set it; "
+                    f"`--set {NAME}.{name}=` clears it)"
                 )
         if not isinstance(self.refit, bool):
             raise ConfigError(f"analysis.refit must be true or false, got {self.refit!r}")
