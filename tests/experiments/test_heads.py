@@ -25,6 +25,7 @@ from poslens.experiments.heads.config import window_last
 from poslens.experiments.heads.result import (
     AXIS_PREFERENCE_PERMUTED,
     AXIS_PREFERENCE_RELATIVE,
+    AXIS_PREFERENCE_SSDC,
     EXCESS,
     EXCESS_ACCURACY,
     HELD_OUT,
@@ -47,7 +48,7 @@ from poslens.interventions import axis_map, rotary_mask
 from poslens.io import jsonable, save_tensors, write_json
 from poslens.metrics import correct_class_margin
 from poslens.metrics.attention import AttentionAccumulator, attention_stats, specialization
-from poslens.metrics.stats import ratio_diff_se, ratio_se
+from poslens.metrics.stats import correlation, ratio_diff_se, ratio_se
 from poslens.models import ViT
 from tests.conftest import tiny
 
@@ -358,6 +359,9 @@ def test_rebuilding_without_ssdc_gives_the_same_margins_and_no_ssdc(
         assert math.isfinite(f.ssdc_out)
     for w, f in zip(res.windows, planted_result.windows, strict=True):
         assert w.compensation.mean == f.compensation.mean and math.isnan(w.ssdc_out)
+    # the axis preference in RPI-SSDC is then undefined (no pairs), never a stale correlation
+    ssdc_pref = res.consistency()[f"{AXIS_PREFERENCE_SSDC}/block_head"]
+    assert ssdc_pref["n"] == 0 and math.isnan(ssdc_pref["pearson"])
     # without the RPI pass a readout's probes are the clean ones alone, the full readout's
     x, y = eval_images(noise, cfg)
     clean = measure(planted(), x, y, cfg, probe_sites=[1], passes=Passes(rpi=False))
@@ -437,6 +441,17 @@ def test_verdict_and_consistency(planted_result: heads.Heads) -> None:
     # the null: the same preferences against permuted specialisations, seeded by the analysis
     # seed (the same seed, the same permutation; another seed, another)
     pref, null = (f"{m}/block_head" for m in (AXIS_PREFERENCE_RELATIVE, AXIS_PREFERENCE_PERMUTED))
+    # the axis preference in final RPI-SSDC (METHODS.md's score): each head's drop against its
+    # window alone, row-only minus column-only window, correlated with its specialisation
+    rows = {r.unit: r for r in planted_result.rebuild("row", "block_head")}
+    cols = {r.unit: r for r in planted_result.rebuild("col", "block_head")}
+    assert rows and rows.keys() == cols.keys()
+    win = {w.window: w.ssdc_out for w in planted_result.windows}
+    by_hand = [(win["row"] - rows[u].ssdc_out) - (win["col"] - cols[u].ssdc_out) for u in rows]
+    spec = planted_result.attention.specialization
+    assert corr[f"{AXIS_PREFERENCE_SSDC}/block_head"] == correlation(
+        by_hand, [float(spec[rows[u].block, rows[u].head]) for u in rows])
+    assert corr[f"{AXIS_PREFERENCE_SSDC}/block_head"]["n"] == len(rows)
     if pref in corr:
         assert corr[null]["n"] == corr[pref]["n"]
         again = dataclasses.replace(planted_result, seed=planted_result.seed).consistency()

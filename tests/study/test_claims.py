@@ -374,6 +374,23 @@ def test_heads_original_has_a_random_head_null_built_inside_the_study_model() ->
     assert c["verdict"] == FAILED_CALIBRATION and "random head" in c["summary"]
 
 
+def test_heads_sharper_shows_the_same_correlation_in_rpi_ssdc_beside_it() -> None:
+    """METHODS.md scores rebuilding in final RPI-SSDC: the level shows its correlation in that
+    unit for the study model and each trained control, and never lets it decide the verdict."""
+    ms = calibrated()
+    ssdc = hd.consistency_key(hd.AXIS_PREFERENCE_SSDC, UNITS)
+    for model, r in (("rope_axial", -0.4), ("rope_rebuild", 0.5)):
+        ms[model]["aggregate"]["heads"][ssdc] = mean_se(jitter(r))
+    c = claim(judged(ms), "heads_rebuild.sharper")
+    assert c["verdict"] == SUPPORTED  # the margin correlation decides, as before
+    lines = [n for n in c["notes"] if "the same correlation in final RPI-SSDC" in n]
+    by_model = {n.split(":")[0]: n for n in lines}
+    assert set(by_model) == {"rope_axial", "rope_rebuild (positive control)",
+                             "rope_late (negative control)"}  # fmt: skip
+    assert "-0.4 [" in by_model["rope_axial"] and "0.5 [" in by_model["rope_rebuild (positive control)"]
+    assert by_model["rope_late (negative control)"].endswith("not measured")  # no key: not 0
+
+
 def test_holm_is_one_family_per_level() -> None:
     assert holm([0.01, 0.04, 0.03, 0.5]) == pytest.approx([0.04, 0.09, 0.09, 0.5])
     for c in judged(calibrated()):

@@ -194,6 +194,11 @@ class Heads(Header):
                     for r, c in zip(row_rb, col_rb, strict=True)
                 ]
                 out[f"{AXIS_PREFERENCE_RELATIVE}/{kind}"] = correlation(rel, spec)
+                # METHODS.md's own rebuilding score: the drop in final RPI-SSDC (NaN, and the
+                # correlation undefined, where heads.rebuild_ssdc is off)
+                ssdc = [self.ssdc_drop(r) - self.ssdc_drop(c)
+                        for r, c in zip(row_rb, col_rb, strict=True)]  # fmt: skip
+                out[f"{AXIS_PREFERENCE_SSDC}/{kind}"] = correlation(ssdc, spec)
                 # the null: the same preferences against the specialisations of other heads
                 perm = np.random.default_rng([PERMUTATION_SEED, self.seed]).permutation(len(spec))
                 out[f"{AXIS_PREFERENCE_PERMUTED}/{kind}"] = correlation(rel, [spec[i] for i in perm])
@@ -210,6 +215,12 @@ class Heads(Header):
         if abs(after) < 1e-12 or abs(intact) < 1e-12:
             return math.nan
         return r.drop_window.mean / after - r.drop_intact.mean / intact
+
+    def ssdc_drop(self, r: Rebuild) -> float:
+        """What masking the unit after its window costs in final RPI-SSDC, against the window
+        alone (NaN where RPI-SSDC was not measured)."""
+        ctrl = self.window(r.window)
+        return math.nan if ctrl is None else ctrl.ssdc_out - r.ssdc_out
 
     def axis_preference(self, kind: str) -> list[dict[str, Any]]:
         """Per unit: excess after the row window - excess after the column window, paired SE."""
@@ -370,6 +381,9 @@ AXIS_PREFERENCE_RELATIVE = "axis_preference_relative_vs_spec"  # a consistency m
 # the same correlation with the heads' specialisations permuted (seeded by the analysis seed)
 AXIS_PREFERENCE_PERMUTED = "axis_preference_relative_vs_permuted_spec"
 PERMUTATION_SEED = 29
+# the same correlation with each head's preference in final RPI-SSDC instead of margin: its drop
+# after the row-only window minus after the column-only window (the intact drop cancels)
+AXIS_PREFERENCE_SSDC = "axis_preference_ssdc_vs_spec"
 
 
 def consistency_key(measure: str, kind: str, stat: str = "pearson") -> Key:

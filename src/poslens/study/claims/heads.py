@@ -82,6 +82,15 @@ def heads_permuted_effect(v: View) -> Effect:
                   lambda s: True)  # fmt: skip
 
 
+def heads_axis_notes(v: View) -> Notes:
+    """The level's correlation in METHODS.md's own unit (each head's drop in final RPI-SSDC),
+    beside the margin version it reads; shown for the controls too."""
+    n = v.seeds(heads.NAME)
+    key = heads.consistency_key(heads.AXIS_PREFERENCE_SSDC, UNITS)
+    return [("the same correlation in final RPI-SSDC (each head's drop after the row-only minus "
+             "after the column-only window)", column(v, key, n))]  # fmt: skip
+
+
 def _heads() -> Reference:
     excess = (4.30 - 0.50) / 100
     return (
@@ -172,6 +181,8 @@ RULES = (
         "axis specialization.",
         by_construction="In the positive control each head's planes follow one axis by design, "
         "so its correlation is close to 1 by construction: it shows the instrument can see it.",
+        notes=heads_axis_notes,
+        control_notes=heads_axis_notes,
         in_situ_gap="no in-situ positive: axis-specialised heads can be planted by an edit "
         "(heads_axis_split), but the rebuilding they would have to show is learned",
         reference=_heads_axis,
