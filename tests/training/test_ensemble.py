@@ -264,6 +264,20 @@ def test_early_stopped_members_equal_their_separate_runs(tmp_path: Path) -> None
     assert [a["stopped_at"] for a in again] == [8, 8]
 
 
+def test_min_steps_members_stop_where_their_separate_runs_do(tmp_path: Path) -> None:
+    """train.min_steps in an ensemble: members at target from step 4 on stop at 12, not 8, and
+    equal their separate runs."""
+    cfgs = [run_cfg("rope_axial", s, steps=16, stop_acc=0.01, min_steps=12) for s in (0, 1)]
+    outs = [tmp_path / f"ens{s}" for s in (0, 1)]
+    got = train_ensemble(cfgs, outs)
+    for cfg, out, m in zip(cfgs, outs, got, strict=True):
+        single = tmp_path / f"single{cfg.train.seed}"
+        ref = train(cfg, single, progress=False)
+        assert ref["stopped_at"] == m["stopped_at"] == 12
+        assert max_diff(single, out) < WEIGHT_TOL
+        assert [h["step"] for h in m["history"]] == [4, 8, 12]
+
+
 def test_members_stopping_at_different_steps_leave_the_stack_unchanged(tmp_path: Path) -> None:
     """Seed 0 reaches 12% at the evaluations of steps 8 and 12 and stops at 12; seeds 1 and 2
     never do and train on in a restacked, smaller ensemble: all three equal their separate runs."""

@@ -36,6 +36,7 @@ LATER_TRAIN_FIELDS: dict[str, Any] = {
     "rotary_windows": "halves",
     "rotary_axes": "all",
     "permute_patches": False,
+    "min_steps": 0,
 }
 # Early stopping: the run stops once this many consecutive evaluations reach train.stop_acc.
 STOP_EVALS = 2
@@ -87,6 +88,10 @@ class TrainConfig:
     # at least stop_acc at STOP_EVALS consecutive evaluations; 0 trains all `steps`. The schedule
     # still spans `steps`; metrics.json records the step it stopped at ("stopped_at").
     stop_acc: float = 0.0
+    # Early stopping waits for this step: a run with stop_acc stops at the first evaluation at or
+    # after min_steps that closes the STOP_EVALS at target, so min_steps = steps trains the whole
+    # budget and still records whether the target was reached (the study's accuracy gate reads it).
+    min_steps: int = 0
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "eval_every", "eval_images", "ckpt_every"):
@@ -117,6 +122,16 @@ class TrainConfig:
         v = self.stop_acc
         if not (isinstance(v, int | float) and not isinstance(v, bool) and 0 <= v <= 1):
             raise ConfigError(f"train.stop_acc must be in [0, 1], got {self.stop_acc!r}")
+        positive_int("train.min_steps", self.min_steps, allow_zero=True)
+        if self.min_steps > self.steps:
+            raise ConfigError(
+                f"train.min_steps must be at most train.steps ({self.steps}), got {self.min_steps}"
+            )
+        if self.min_steps and not self.stop_acc:
+            raise ConfigError(
+                f"train.min_steps={self.min_steps} needs train.stop_acc > 0 (it delays early "
+                f"stopping, which stop_acc turns on)"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         """The fields; those added after the first release only when not at their default."""

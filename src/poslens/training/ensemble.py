@@ -201,7 +201,7 @@ def _run(
                 bar.log_eval(done, sum(ev["acc"] for ev in evals) / len(evals))
                 stopping = [
                     s for s, h in enumerate(histories)
-                    if stop_step(h, cfg.train.stop_acc) is not None
+                    if stop_step(h, cfg.train) is not None
                 ]  # fmt: skip
                 if stopping:  # early stopping: these members are done, as train() would be
                     elapsed = time.perf_counter() - t0

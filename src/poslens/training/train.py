@@ -26,7 +26,13 @@ from poslens.data import Task, build_task
 from poslens.errors import CheckpointError, ConfigError, UserError
 from poslens.models.vit import ViT, build_model
 from poslens.precision import autocast, resolve_precision
-from poslens.training.config import STOP_EVALS, WINDOW_AXES, RunConfig, held_out_windows
+from poslens.training.config import (
+    STOP_EVALS,
+    WINDOW_AXES,
+    RunConfig,
+    TrainConfig,
+    held_out_windows,
+)
 from poslens.training.progress import TrainProgress
 
 
@@ -388,7 +394,7 @@ def train(
         start, history = load_resume_state(out, model, opt)
 
     total, bs = cfg.train.steps, cfg.train.batch_size
-    stopped_at = stop_step(history, cfg.train.stop_acc)  # a resumed run that had already stopped
+    stopped_at = stop_step(history, cfg.train)  # a resumed run that had already stopped
     model.train()
     t0, trained_images = time.perf_counter(), 0
     bar = TrainProgress(total, start, enabled=progress and main_rank, label=cfg.model.posenc)
@@ -419,8 +425,8 @@ def train(
                 ev = evaluate(model, val_x, val_y, precision)
                 history.append(history_entry(done, ev, loss_value))
                 bar.log_eval(done, ev["acc"])
-            if cfg.train.stop_acc and done % cfg.train.eval_every == 0:
-                stopped_at = _agreed_stop(stop_step(history, cfg.train.stop_acc), done, world)
+            if cfg.train.stop_acc and (done % cfg.train.eval_every == 0 or done == total):
+                stopped_at = _agreed_stop(stop_step(history, cfg.train), done, world)
                 if stopped_at is not None:
                     break
             if main_rank and done % cfg.train.ckpt_every == 0 and done != total:
@@ -447,15 +453,16 @@ def train(
     return metrics
 
 
-def stop_step(history: list[dict[str, Any]], stop_acc: float) -> int | None:
-    """The step of the first evaluation that closes STOP_EVALS consecutive evaluations with
-    val_acc >= stop_acc (early stopping, train.stop_acc); None if none does or stop_acc is 0."""
-    if not stop_acc:
+def stop_step(history: list[dict[str, Any]], train: TrainConfig) -> int | None:
+    """The step of the first evaluation at or after train.min_steps that closes STOP_EVALS
+    consecutive evaluations with val_acc >= train.stop_acc (early stopping); None if none does
+    or stop_acc is 0."""
+    if not train.stop_acc:
         return None
     run = 0
     for h in history:
-        run = run + 1 if h["val_acc"] >= stop_acc else 0
-        if run >= STOP_EVALS:
+        run = run + 1 if h["val_acc"] >= train.stop_acc else 0
+        if run >= STOP_EVALS and h["step"] >= train.min_steps:
             return int(h["step"])
     return None
 
