@@ -87,6 +87,32 @@ def test_a_passing_seed_is_untouched(gated: tuple[Path, dict[str, Any]], tmp_pat
         assert res["models"][name] == model, name
 
 
+def test_a_seed_that_trains_its_whole_budget_is_still_gated(tmp_path: Path) -> None:
+    """train.min_steps = train.steps (the default study's rope_rebuild): the seed trains every
+    step and passes the gate on the target it holds at the end; ape's 99% still fails it."""
+    cfg = replace(GATED, gate_retries=1, train_set=(*GATED.train_set, "train.min_steps=6"))
+    res = run_study(cfg, tmp_path, progress=False)
+    (rope,) = res["models"]["rope_axial"]["runs"]
+    assert "gate" not in rope and rope["train"]["stopped_at"] == 6
+    (ape,) = res["models"]["ape"]["runs"]
+    assert ape["gate"]["tried"] == [0, 1000] and ape["gate"]["passed"] is False
+    assert ape["train"]["stopped_at"] is None
+
+
+def test_the_default_rebuilding_positive_trains_its_whole_budget_under_the_gate() -> None:
+    from poslens.study.config import CALIBRATION_MODELS, STUDY_MODELS
+    from poslens.study.ladder import ladder_preset
+    from poslens.study.plan import run_config
+
+    for cfg in (preset("default"), *(ladder_preset(r).study_config(ladder_preset(r).rungs[0])
+                                     for r in ("d8", "d12"))):  # fmt: skip
+        rebuild = run_config(cfg, "rope_rebuild", 0).train
+        assert rebuild.min_steps == rebuild.steps == 2000 and rebuild.stop_acc == 0.9
+        for model in (*STUDY_MODELS, *CALIBRATION_MODELS):
+            if model != "rope_rebuild":
+                assert run_config(cfg, model, 0).train.min_steps == 0, model
+
+
 def test_a_rerun_reuses_the_replacements(gated: tuple[Path, dict[str, Any]]) -> None:
     out, res = gated
     again = run_study(GATED, out, progress=False)
