@@ -296,8 +296,8 @@ def claims_only(models: tuple[str, ...], experiments: tuple[str, ...]) -> tuple[
 # fp32 on every CPU (bf16 crawls where the CPU lacks it, and the verdicts must not depend on the
 # CPU). The model trained with its patches permuted reaches only its content level: 600 steps, no
 # target. The rebuilding positive trains its whole budget (the gate still asks for the target at
-# the end): stopped at 90% it had seen about 300 windowed steps and planted too little
-# compensation to be detected on every seed set (docs/study.md, "The rebuilding positive").
+# the end): stopped at 90% it had seen about 300 steps with an early window withheld, too few
+# to plant compensation detected on every seed set (docs/study.md, "The rebuilding positive").
 DEFAULT_TRAIN = (
     "model.dim=32", "model.depth=4", "data.image_size=24", "model.ape_init_std=1.0",
     "train.lr=6e-3", "train.steps=2000", "train.stop_acc=0.9", "train.eval_every=50",
