@@ -117,6 +117,33 @@ def test_replication_is_deterministic_and_reads_a_borderline_verdict_as_unstable
     assert many > few
 
 
+def test_a_fragile_verdict_names_the_test_it_turns_on() -> None:
+    """A clear study model and negative with a positive near the line: the parts say that the
+    positive's detection is what a fresh seed set may not repeat, and every verdict's share is
+    bounded by the parts it needs."""
+    vals = tuple(jitter(0.3, 5, 0.1))
+    tests = [Outcome("study", tuple(jitter(0.9, 5, 0.02)), True, True, 0.88, 0.92, model="m"),
+             Outcome("positive", vals, True, True, 0.15, 0.45, model="pos"),
+             Outcome("negative", tuple(jitter(-0.5, 5, 0.02)), True, False, -0.52, -0.48,
+                     model="neg")]  # fmt: skip
+    rep = replication(tests, 0.1, 0.05, 5, 1, "x")
+    assert not rep.stable
+    assert [(p.model, p.role, p.observed) for p in rep.parts] == [
+        ("m", "study", "detected"), ("pos", "positive", "detected"),
+        ("neg", "negative", "not detected")]  # fmt: skip
+    share = {p.model: p.share for p in rep.parts}
+    assert share["m"] > 0.95 and share["neg"] > 0.95 and share["pos"] < STABLE
+    assert [p.model for p in rep.least_stable] == ["pos"]
+    assert "least stable: positive pos (detected here; on " in rep.text()
+    # supported needs every part as observed; a positive not detected fails calibration
+    assert rep.shares[SUPPORTED] <= min(share.values())
+    assert rep.shares[VERDICT_CODES[0]] >= 1 - share["pos"]
+    assert rep.to_dict()["parts"][1] == {"model": "pos", "role": "positive",
+                                         "observed": "detected", "share": share["pos"]}  # fmt: skip
+    # a stable verdict names nothing
+    assert replication(_level(0.9, 0.02), 0.1, 0.05, 5, 1, "x").least_stable == ()
+
+
 def test_a_fragile_verdict_is_inconclusive_and_says_what_would_stabilise_it() -> None:
     ms = calibrated()
     # the split barely clears its threshold in rope_axial: supported on these seeds, not stably
@@ -131,6 +158,10 @@ def test_a_fragile_verdict_is_inconclusive_and_says_what_would_stabilise_it() ->
         pytest.fail(f"expected a borderline split, got {rep}")
     assert c["verdict"] == INCONCLUSIVE and c["qualifier"] == FRAGILE
     assert c["summary"].startswith("Fragile: ") and str(rep["seeds_for_stable"]) in c["summary"]
+    # what it turns on: rope_axial's split near its threshold, named in the summary
+    parts = {p["model"]: p for p in rep["parts"]}
+    assert parts["rope_axial"]["role"] == "study" and parts["rope_axial"]["share"] < STABLE
+    assert "least stable: study rope_axial (detected here" in c["summary"]
 
 
 def test_every_claim_carries_power_threshold_source_and_replication() -> None:

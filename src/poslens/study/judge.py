@@ -291,7 +291,7 @@ FAILED_CODE, SUPPORTED_CODE, NOT_SUPPORTED_CODE, NO_POWER_CODE = range(len(VERDI
 def _tests(study: list[Judged], controls: list[Judged]) -> list[Outcome]:
     """The level's family as replication.Outcome values (study models first)."""
     return [Outcome(j.role, j.test.values, j.problem is None, j.detected, j.test.lower, j.test.upper,
-                    j.seeds) for j in [*study, *controls]]  # fmt: skip
+                    j.seeds, j.model) for j in [*study, *controls]]  # fmt: skip
 
 
 def _decide_observed(rule: Rule, study: list[Judged], controls: list[Judged]) -> int:

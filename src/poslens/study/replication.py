@@ -42,6 +42,7 @@ class Outcome:
     lower: float
     upper: float
     seeds: int = 0  # the seeds its model ran (study.model_seeds may differ by model); 0: as measured
+    model: str = ""  # the model (or control) it measured, as the report names it
 
     @property
     def design(self) -> int:
@@ -59,6 +60,42 @@ def holm_rows(p: np.ndarray) -> np.ndarray:
     return out
 
 
+# the state of one test of a family, in one draw or as observed
+NOT_DETECTED, DETECTED, EXCLUDED = 0, 1, 2
+# excluded: a study model not detected whose upper bound lies below the smallest effect the rule
+# detects (what "not supported" needs of every study model)
+STATE_NAMES = ("not detected", "detected", "excluded")
+
+
+def states(
+    threshold: float,
+    roles: Sequence[str],
+    detected: np.ndarray,
+    lower: np.ndarray,
+    upper: np.ndarray,
+) -> np.ndarray:
+    """The state of each test ([B, J] over the tests that count: detected, one-sided bounds):
+    detected, excluded (a study model whose upper bound lies below the smallest effect the rule
+    detects: the threshold or a detected positive's lower bound) or not detected."""
+    r = np.asarray(roles)
+    lows = np.where(detected & (r == "positive"), lower, np.inf).min(1)
+    floor = np.minimum(threshold, lows)
+    excluded = (r == "study") & ~detected & (upper < floor[:, None])
+    return np.where(detected, DETECTED, np.where(excluded, EXCLUDED, NOT_DETECTED))
+
+
+def verdicts(roles: Sequence[str], state: np.ndarray) -> np.ndarray:
+    """The verdict of each row of test states [B, J]: calibration first (every positive detected,
+    no negative), then supported (every study model detected), not supported (every study model
+    detected or excluded), else no power. Returns [B] indices into VERDICT_CODES."""
+    r = np.asarray(roles)
+    pos, neg, study = r == "positive", r == "negative", r == "study"
+    passed = (state[:, pos] == DETECTED).all(1) & ~(state[:, neg] == DETECTED).any(1)
+    supported = (state[:, study] == DETECTED).all(1)
+    excluded = (state[:, study] != NOT_DETECTED).all(1)
+    return np.select([~passed, supported, excluded], [0, 1, 2], default=3)
+
+
 def decide(
     threshold: float,
     roles: Sequence[str],
@@ -66,19 +103,9 @@ def decide(
     lower: np.ndarray,
     upper: np.ndarray,
 ) -> np.ndarray:
-    """The verdict of each row of outcomes ([B, J] over the tests that count: detected, one-sided
-    bounds): calibration first (every positive detected, no negative), then supported (every
-    study model detected), not supported (every undetected study model's upper bound below the
-    smallest effect the rule detects: the threshold or a detected positive's lower bound), else
-    no power. Returns [B] indices into VERDICT_CODES."""
-    r = np.asarray(roles)
-    pos, neg, study = r == "positive", r == "negative", r == "study"
-    passed = detected[:, pos].all(1) & ~detected[:, neg].any(1)
-    lows = np.where(detected & pos, lower, np.inf).min(1)
-    floor = np.minimum(threshold, lows)
-    supported = detected[:, study].all(1)
-    excluded = (detected | (upper < floor[:, None]))[:, study].all(1)
-    return np.select([~passed, supported, excluded], [0, 1, 2], default=3)
+    """The verdict of each row of outcomes ([B, J] over the tests that count): `verdicts` of their
+    `states`. Returns [B] indices into VERDICT_CODES."""
+    return verdicts(roles, states(threshold, roles, detected, lower, upper))
 
 
 def _draw(
@@ -106,7 +133,7 @@ def _draw(
     return p, mean - one, mean + one
 
 
-def verdict_shares(
+def _drawn_states(
     tests: Sequence[Outcome],
     threshold: float,
     alpha: float,
@@ -114,7 +141,7 @@ def verdict_shares(
     seed_key: str,
     plug_in: bool = False,
 ) -> np.ndarray:
-    """The share of fresh seed sets giving each verdict of VERDICT_CODES (from the posterior
+    """The states [DRAWS, J] of the tests that count on fresh seed sets (from the posterior
     predictive, or with plug_in taking the observed means and spreads as true), each test's model
     running `seeds` seeds or its own count, whichever is larger (so `seeds` at or below the
     smallest count redraws every test at its own)."""
@@ -140,9 +167,43 @@ def verdict_shares(
     fixed = np.array([t.detected for t in tests])
     detected = np.where(in_family, adjusted < alpha, fixed[None, :]) & counts[None, :]
     roles = [t.role for t in tests if t.counts]
-    codes = decide(threshold, roles, detected[:, counts], np.stack(cols_lo, 1)[:, counts],
-                   np.stack(cols_hi, 1)[:, counts])  # fmt: skip
+    return states(threshold, roles, detected[:, counts], np.stack(cols_lo, 1)[:, counts],
+                  np.stack(cols_hi, 1)[:, counts])  # fmt: skip
+
+
+def verdict_shares(
+    tests: Sequence[Outcome],
+    threshold: float,
+    alpha: float,
+    seeds: int,
+    seed_key: str,
+    plug_in: bool = False,
+) -> np.ndarray:
+    """The share of fresh seed sets giving each verdict of VERDICT_CODES (`_drawn_states`'
+    draws, decided by `verdicts`)."""
+    state = _drawn_states(tests, threshold, alpha, seeds, seed_key, plug_in)
+    codes = verdicts([t.role for t in tests if t.counts], state)
     return np.bincount(codes, minlength=len(VERDICT_CODES)) / DRAWS
+
+
+@dataclass(frozen=True)
+class Part:
+    """One test of a level's family that counts: its observed state (STATE_NAMES) and the share
+    of fresh seed sets in which it comes out the same, which shows what a fragile verdict turns
+    on (a control that calibrates only sometimes, a study model near its threshold)."""
+
+    model: str
+    role: str
+    observed: str
+    share: float
+
+    def text(self) -> str:
+        """'positive ape~table_rowcol (detected here; on 35% of fresh sets)'."""
+        return f"{self.role} {self.model} ({self.observed} here; on {self.share:.0%} of fresh sets)"
+
+    def to_dict(self) -> dict[str, object]:
+        return {"model": self.model, "role": self.role, "observed": self.observed,
+                "share": self.share}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -160,27 +221,39 @@ class Replication:
     stable_verdict: str | None
     shares: dict[str, float]
     mixed: bool = False  # the family's models ran different seed counts (study.model_seeds)
+    parts: tuple[Part, ...] = ()  # the tests that count, in the family's order
+
+    @property
+    def least_stable(self) -> tuple[Part, ...]:
+        """The parts that come out the same on fewer than STABLE of fresh seed sets, least first
+        (at most three)."""
+        return tuple(sorted((p for p in self.parts if p.share < STABLE), key=lambda p: p.share))[:3]
 
     @property
     def stable(self) -> bool:
         return self.probability >= STABLE
 
     def text(self) -> str:
-        """'replicates on 97% of fresh 5-seed sets' / '... 62% ...; stable (supported) at 10'."""
+        """'the same verdict on 97% of fresh 5-seed sets' / '... 62% ...; 10 seeds would make it
+        stable (supported); least stable: positive P (detected here; on 70% of fresh sets)'."""
         sets = "seed sets of the same sizes" if self.mixed else f"{self.seeds}-seed sets"
         out = f"the same verdict on {self.probability:.0%} of fresh {sets}"
         if self.stable:
             return out
         if self.stable_at is None:
-            return out + f"; no count up to {SEED_STEPS[-1]} seeds makes one verdict stable"
-        least = " (at least, for every model)" if self.mixed else ""
-        return out + f"; {self.stable_at} seeds{least} would make it stable ({self.stable_verdict})"
+            out += f"; no count up to {SEED_STEPS[-1]} seeds makes one verdict stable"
+        else:
+            least = " (at least, for every model)" if self.mixed else ""
+            out += f"; {self.stable_at} seeds{least} would make it stable ({self.stable_verdict})"
+        if self.least_stable:
+            out += "; least stable: " + ", ".join(p.text() for p in self.least_stable)
+        return out
 
     def to_dict(self) -> dict[str, object]:
         return {"probability": self.probability, "seeds": self.seeds, "draws": DRAWS,
                 "stable": self.stable, "threshold": STABLE, "seeds_for_stable": self.stable_at,
                 "stable_verdict": self.stable_verdict, "shares": dict(self.shares),
-                "text": self.text()}  # fmt: skip
+                "parts": [p.to_dict() for p in self.parts], "text": self.text()}  # fmt: skip
 
 
 def replication(
@@ -188,7 +261,15 @@ def replication(
 ) -> Replication:
     """The replication estimate of a level whose observed verdict is VERDICT_CODES[code]; `seeds`:
     the smallest seed count of the family's models (each test is redrawn at its own count)."""
-    shares = verdict_shares(tests, threshold, alpha, seeds, key)
+    counted = [t for t in tests if t.counts]
+    roles = [t.role for t in counted]
+    state = _drawn_states(tests, threshold, alpha, seeds, key)
+    shares = np.bincount(verdicts(roles, state), minlength=len(VERDICT_CODES)) / DRAWS
+    observed = states(threshold, roles, np.array([[t.detected for t in counted]]),
+                      np.array([[t.lower for t in counted]]),
+                      np.array([[t.upper for t in counted]]))[0]  # fmt: skip
+    parts = tuple(Part(t.model, t.role, STATE_NAMES[int(o)], float((state[:, j] == o).mean()))
+                  for j, (t, o) in enumerate(zip(counted, observed, strict=True)))  # fmt: skip
     prob = float(shares[code])
     at, which = None, None
     if prob < STABLE:
@@ -199,8 +280,8 @@ def replication(
                 break
     named = {VERDICT_CODES[i]: float(x) for i, x in enumerate(shares)}
     mixed = len({t.design for t in tests}) > 1
-    return Replication(VERDICT_CODES[code], prob, seeds, at, which, named, mixed)
+    return Replication(VERDICT_CODES[code], prob, seeds, at, which, named, mixed, parts)
 
 
-__all__ = ["DRAWS", "STABLE", "VERDICT_CODES", "Replication", "decide", "holm_rows",
-           "replication", "verdict_shares"]  # fmt: skip
+__all__ = ["DRAWS", "STABLE", "STATE_NAMES", "VERDICT_CODES", "Part", "Replication", "decide",
+           "holm_rows", "replication", "states", "verdict_shares", "verdicts"]  # fmt: skip
