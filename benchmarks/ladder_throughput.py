@@ -56,8 +56,11 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=64, help="default: the ladder's")
     p.add_argument("--clock", choices=tuple(CLOCKS), default="wall", help="as train_throughput.py")
     p.add_argument("--json", help="also write the results here")
-    p.add_argument("--no-cls-exit", action="store_true",
-                   help="the single poslens model without its CLS exit (ViT.train_cls_exit)")
+    p.add_argument(
+        "--no-cls-exit",
+        action="store_true",
+        help="the single poslens model without its CLS exit (ViT.train_cls_exit)",
+    )
     args = p.parse_args()
     rungs = args.rungs.split(",")
     if unknown := [r for r in rungs if r not in RUNGS]:
@@ -74,7 +77,13 @@ def main() -> None:
             for rung in rungs:
                 cfg = rung_config(rung, posenc)
                 runs = bench_config(
-                    cfg, args.batch, "fp32", [args.seeds], args.rounds, args.steps, clock,
+                    cfg,
+                    args.batch,
+                    "fp32",
+                    [args.seeds],
+                    args.rounds,
+                    args.steps,
+                    clock,
                     cls_exit=not args.no_cls_exit,
                 )
                 by = {r["run"]: r for r in runs}

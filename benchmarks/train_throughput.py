@@ -246,10 +246,11 @@ def main() -> None:
     for r in rows:
         ratio = r["img_s"] / seq[r["threads"], r["posenc"], r["precision"]]
         lo, hi = r["img_s_range"]
-        run = {"poslens": "poslens (sequential)", "timm": "timm APE ViT",
-               "timm rope": "timm RoPE ViT (Eva)"}.get(
-            r["run"], f"ensemble of {r['seeds']}"
-        )
+        run = {
+            "poslens": "poslens (sequential)",
+            "timm": "timm APE ViT",
+            "timm rope": "timm RoPE ViT (Eva)",
+        }.get(r["run"], f"ensemble of {r['seeds']}")
         if r["run"].endswith("compiled"):
             run += f", compiled (first step {r['first_step_s']:.0f} s)"
         print(f"| {r['threads']} | {r['posenc']} | {r['precision']} | {run} | "

@@ -28,8 +28,9 @@ from tests.conftest import tiny
 DATA = DataConfig(image_size=16, object_scale=0.32, n_val=30, n_test=60)
 SIZES = dict(n_images=60, probe_images=40, batch_size=60)
 SETTINGS = {  # small but complete: every condition a rule compares with is run
-    "sae_causal": dict(sites=("early", "table"), train_images=60, epochs=2, k=8, doses=(2,),
-                       draws=1),
+    "sae_causal": dict(
+        sites=("early", "table"), train_images=60, epochs=2, k=8, doses=(2,), draws=1
+    ),
     "windows": dict(axis_windows=False, probe_curves=False, draws=1),
     "heads": dict(units=("block_head",), cumulative=(1,), rebuild_probes=False, draws=1),
     "position_removal": dict(draws=1),
@@ -119,7 +120,11 @@ def test_keys_round_trip_through_json_text() -> None:
     ]  # fmt: skip
     for k in keys:
         back = Key.parse(k.experiment, k.text)
-        assert (back.experiment, back.condition, back.number) == (k.experiment, k.condition, k.number)
+        assert (back.experiment, back.condition, back.number) == (
+            k.experiment,
+            k.condition,
+            k.number,
+        )
         again = pickle.loads(pickle.dumps(k))
         assert repr(again) == repr(k) and again == k.text
     assert Key.parse("windows", "intact.accuracy") == "intact.accuracy"

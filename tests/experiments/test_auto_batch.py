@@ -28,7 +28,9 @@ def test_the_cpu_batch_fills_its_fixed_budget_and_no_more() -> None:
         b = limits.auto_batch_size(cfg, "cpu")
         assert low <= b <= high
         budget = limits.CPU_BATCH_BYTES
-        assert limits.analysis_batch_bytes(cfg, b) <= budget < limits.analysis_batch_bytes(cfg, b + 1)
+        assert (
+            limits.analysis_batch_bytes(cfg, b) <= budget < limits.analysis_batch_bytes(cfg, b + 1)
+        )
     small = tiny("ape").cfg  # the study's small models: the old fixed batch
     assert limits.auto_batch_size(small, "cpu") == limits.MAX_AUTO_BATCH
 

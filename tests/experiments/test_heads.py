@@ -297,8 +297,9 @@ def test_rebuilding_scores_match_direct_margins(planted_result: heads.Heads, noi
             assert r.drop_intact.mean == pytest.approx(di.mean(), abs=1e-4)
             assert r.excess.mean == pytest.approx((dw - di).mean(), abs=1e-4)
             # an SE at float-noise level (a head whose mask changes nothing) is compared absolutely
-            assert r.excess.se == pytest.approx((dw - di).std(ddof=1) / np.sqrt(len(dw)), rel=1e-3,
-                                                abs=1e-6)
+            assert r.excess.se == pytest.approx(
+                (dw - di).std(ddof=1) / np.sqrt(len(dw)), rel=1e-3, abs=1e-6
+            )
     # The loud planted heads of block 1 cost margin when masked; untouched ones much less.
     drops = {r.head: r.drop_intact.mean for r in res.rebuild("all", "block_head")}
     assert min(abs(drops[0]), abs(drops[1])) > 10 * max(abs(drops[2]), abs(drops[3]))
@@ -354,7 +355,11 @@ def test_rebuilding_without_ssdc_gives_the_same_margins_and_no_ssdc(
     assert len(res.rebuilding) == len(full) > 0
     for r in res.rebuilding:
         f = full[r.unit, r.window]
-        assert (r.excess.mean, r.ratio, r.drop_window.mean) == (f.excess.mean, f.ratio, f.drop_window.mean)
+        assert (r.excess.mean, r.ratio, r.drop_window.mean) == (
+            f.excess.mean,
+            f.ratio,
+            f.drop_window.mean,
+        )
         assert math.isnan(r.ssdc_out) and math.isnan(r.ssdc_out_intact)
         assert math.isfinite(f.ssdc_out)
     for w, f in zip(res.windows, planted_result.windows, strict=True):
@@ -450,7 +455,8 @@ def test_verdict_and_consistency(planted_result: heads.Heads) -> None:
     by_hand = [(win["row"] - rows[u].ssdc_out) - (win["col"] - cols[u].ssdc_out) for u in rows]
     spec = planted_result.attention.specialization
     assert corr[f"{AXIS_PREFERENCE_SSDC}/block_head"] == correlation(
-        by_hand, [float(spec[rows[u].block, rows[u].head]) for u in rows])
+        by_hand, [float(spec[rows[u].block, rows[u].head]) for u in rows]
+    )
     assert corr[f"{AXIS_PREFERENCE_SSDC}/block_head"]["n"] == len(rows)
     if pref in corr:
         assert corr[null]["n"] == corr[pref]["n"]

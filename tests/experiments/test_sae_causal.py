@@ -512,5 +512,7 @@ def test_a_rowcol_site_runs_only_the_row_and_column_edits_with_the_same_numbers(
     for group in sae_causal.ROWCOL_EDITS:
         assert s_only[group] == pytest.approx(s_full[group], nan_ok=True)
     # a preset's entry that a user's own sites drop: the error says how to clear it
-    with pytest.raises(ConfigError, match=r"analysis.rowcol_sites .*--set sae_causal.rowcol_sites="):
+    with pytest.raises(
+        ConfigError, match=r"analysis.rowcol_sites .*--set sae_causal.rowcol_sites="
+    ):
         replace(cfg, rowcol_sites=("early",))

@@ -29,7 +29,9 @@ def test_table_edits_plant_and_remove_the_row_column_structure_at_the_tables_nor
     assert row_col_share(_table(rowcol))["rowcol_share"] == pytest.approx(1.0)
     assert row_col_share(_table(cell))["rowcol_share"] == pytest.approx(0.0, abs=1e-6)
     for e in (rowcol, cell):
-        assert float(e.pos_embed.detach().norm()) == pytest.approx(float(m.pos_embed.detach().norm()), rel=1e-5)
+        assert float(e.pos_embed.detach().norm()) == pytest.approx(
+            float(m.pos_embed.detach().norm()), rel=1e-5
+        )
     assert row_col_share(_table(m))["rowcol_share"] == pytest.approx(before)  # m left alone
 
 
@@ -60,7 +62,9 @@ def test_oblique_edit_turns_every_plane_off_the_axes_and_keeps_its_pre_edit_axis
     pre = pre_rotation_axes(m, amap)
     assert set(pre[..., :half].ravel()) == {"col"} and set(pre[..., half:].ravel()) == {"row"}
     # the same planes as the trained oblique variant's
-    torch.testing.assert_close(ins._freqs(m), ins._freqs(tiny("rope_axial", rope_variant="oblique")))
+    torch.testing.assert_close(
+        ins._freqs(m), ins._freqs(tiny("rope_axial", rope_variant="oblique"))
+    )
 
 
 @pytest.mark.parametrize("posenc", ["ape", "rope_axial", "relpos"])

@@ -86,9 +86,13 @@ def test_the_written_out_gradients_equal_autograd_through_cross_entropy() -> Non
     total = torch.zeros(())
     for t, w in enumerate(ref):
         logits = torch.einsum("lmd,rldc->rlmc", x, w)
-        ce = torch.nn.functional.cross_entropy(
-            logits.flatten(0, 2), y[:, t].repeat(R * L), reduction="none"
-        ).view(R, L, -1).mean(-1)
+        ce = (
+            torch.nn.functional.cross_entropy(
+                logits.flatten(0, 2), y[:, t].repeat(R * L), reduction="none"
+            )
+            .view(R, L, -1)
+            .mean(-1)
+        )
         total = total + (ce + lam[:, None] * (w[:, :, :-1] ** 2).sum(dim=(2, 3))).sum()
     total.backward()
     # the same weights in objective's layout [L, R*C, D+1]

@@ -41,7 +41,9 @@ def trained_like(posenc: str, **kw: object) -> poslens.ViT:
     return m
 
 
-@pytest.mark.parametrize(("posenc", "pool"), [("ape", "cls"), ("ape", "mean"), ("rope_axial", "cls")])
+@pytest.mark.parametrize(
+    ("posenc", "pool"), [("ape", "cls"), ("ape", "mean"), ("rope_axial", "cls")]
+)
 def test_timm_loads_the_export_and_computes_poslens_logits(
     posenc: str, pool: str, tmp_path: Path
 ) -> None:

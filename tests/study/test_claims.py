@@ -97,8 +97,14 @@ def split(kept: float, rand: float, aligned: float = 1.0, pre: float = 0.0, n: i
             pr.AXES_PRE_ROTATION: [pre] * n,
             pr.AXIS_PLANES_PER_HEAD: [4.0] * n,
             # the conditions ran (their accuracy is measured): a NaN retention is undefined
-            **{pr.key(c, "accuracy"): [0.5] * n for c in (pr.random_condition(4),
-               pr.axis_condition("row"), pr.axis_condition("col"))},
+            **{
+                pr.key(c, "accuracy"): [0.5] * n
+                for c in (
+                    pr.random_condition(4),
+                    pr.axis_condition("row"),
+                    pr.axis_condition("col"),
+                )
+            },
         },
         "axis_map": {am.FRACTION_ALIGNED: [aligned] * n},
     }
@@ -387,7 +393,10 @@ def test_heads_sharper_shows_the_same_correlation_in_rpi_ssdc_beside_it() -> Non
     by_model = {n.split(":")[0]: n for n in lines}
     assert set(by_model) == {"rope_axial", "rope_rebuild (positive control)",
                              "rope_late (negative control)"}  # fmt: skip
-    assert "-0.4 [" in by_model["rope_axial"] and "0.5 [" in by_model["rope_rebuild (positive control)"]
+    assert (
+        "-0.4 [" in by_model["rope_axial"]
+        and "0.5 [" in by_model["rope_rebuild (positive control)"]
+    )
     assert by_model["rope_late (negative control)"].endswith("not measured")  # no key: not 0
 
 

@@ -36,7 +36,9 @@ def test_an_exported_model_studied_as_pretrained_gives_the_native_numbers(tmp_pa
     for model in ("ape", "rope_axial"):
         ckpt = tmp_path / "native" / native["models"][model]["runs"][0]["checkpoint"]
         weights, _ = export_timm(poslens.load(ckpt), tmp_path / f"{model}.safetensors")
-        timm_name = {"ape": "vit_tiny_patch16_224", "rope_axial": "vit_small_patch16_rope_224"}[model]
+        timm_name = {"ape": "vit_tiny_patch16_224", "rope_axial": "vit_small_patch16_rope_224"}[
+            model
+        ]
         specs.append(f"timm:{timm_name}={weights}")
         names[model] = timm_name
     task = tmp_path / "native" / native["models"]["ape"]["runs"][0]["checkpoint"]

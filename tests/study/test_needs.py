@@ -117,7 +117,9 @@ def test_a_control_judged_by_a_rule_reading_under_rpi_is_probed_under_rpi_if_the
     for sets, want in (((), True), (lean, False)):
         cfg = replace(preset("quick", pretrained=src, images="i", analysis_set=sets),
                       finetune_steps=5)  # fmt: skip
-        tuned = [r for r in make_plan(cfg, tmp_path).runs if r.edit and in_situ.get(r.edit).finetune]
+        tuned = [
+            r for r in make_plan(cfg, tmp_path).runs if r.edit and in_situ.get(r.edit).finetune
+        ]
         assert tuned and all(s.config.rpi_probes is want for r in tuned for s in r.stages[1:])
 
 

@@ -76,7 +76,9 @@ def test_no_threshold_is_zero_and_each_names_its_source() -> None:
         assert r.threshold > 0, r.id
         effect, _, comparable = CHECKS[r.id]()
         if effect is not None and comparable:  # a threshold set from the original's number cites it
-            assert f"{effect:.2f}" in r.threshold_source or f"{effect:.3g}" in r.threshold_source, r.id
+            assert f"{effect:.2f}" in r.threshold_source or f"{effect:.3g}" in r.threshold_source, (
+                r.id
+            )
 
 
 def test_holm_rows_is_holm_on_each_row() -> None:
@@ -94,7 +96,12 @@ def test_decide_orders_calibration_support_and_exclusion() -> None:
     upper = np.array([[1, 1, 0], [1, 1, 0], [1, 1, 0], [0.05, 1, 0], [0.5, 1, 0]])
     codes = decide(0.1, roles, detected, lower, upper)
     assert [VERDICT_CODES[c] for c in codes] == [
-        VERDICT_CODES[1], VERDICT_CODES[0], VERDICT_CODES[0], VERDICT_CODES[2], VERDICT_CODES[3]]
+        VERDICT_CODES[1],
+        VERDICT_CODES[0],
+        VERDICT_CODES[0],
+        VERDICT_CODES[2],
+        VERDICT_CODES[3],
+    ]
 
 
 def _level(study_mean: float, spread: float) -> list[Outcome]:
@@ -150,7 +157,8 @@ def test_a_fragile_verdict_is_inconclusive_and_says_what_would_stabilise_it() ->
     ms["rope_axial"] = entry("rope_axial", merge(split(0.55, 0.4), windows(0.8, 0.3),
                                                   heads(0.2, 0.0, 0.6)))  # fmt: skip
     ms["rope_axial"]["aggregate"]["position_removal"] = {
-        **ms["rope_axial"]["aggregate"]["position_removal"]}
+        **ms["rope_axial"]["aggregate"]["position_removal"]
+    }
     c = claim(judged(ms), "rope_planes_split.original")
     rep = c["replication"]
     assert rep is not None and rep["shares"] and math.isclose(sum(rep["shares"].values()), 1.0)

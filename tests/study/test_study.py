@@ -208,8 +208,9 @@ def test_a_later_seed_set_runs_each_seed_as_the_full_study_does(
         (run,) = later["models"][model]["runs"]
         full = res["models"][model]["runs"][1]
         assert run["seed"] == full["seed"] == 1
-        assert run["experiments"]["depth_profile"]["headline"] == (
-            full["experiments"]["depth_profile"]["headline"]
+        assert (
+            run["experiments"]["depth_profile"]["headline"]
+            == (full["experiments"]["depth_profile"]["headline"])
         )
 
 
@@ -468,7 +469,9 @@ def test_a_model_with_its_own_seed_count_runs_those_seeds_and_its_controls_follo
     from poslens.study.plan import make_plan
 
     _, res = study
-    cfg = replace(TINY_STUDY, seeds=1, model_seeds=("rope_axial=2",), experiments=("depth_profile",))
+    cfg = replace(
+        TINY_STUDY, seeds=1, model_seeds=("rope_axial=2",), experiments=("depth_profile",)
+    )
     assert cfg.seeds_of("rope_axial") == (0, 1) and cfg.seeds_of("ape") == (0,) and cfg.n_runs == 3
     out = run_study(cfg, tmp_path / "own", progress=False)
     check_results(out)
@@ -478,8 +481,9 @@ def test_a_model_with_its_own_seed_count_runs_those_seeds_and_its_controls_follo
     for model, seed in (("rope_axial", 0), ("rope_axial", 1), ("ape", 0)):
         run = next(r for r in out["models"][model]["runs"] if r["seed"] == seed)
         full = res["models"][model]["runs"][seed]
-        assert run["experiments"]["depth_profile"]["headline"] == (
-            full["experiments"]["depth_profile"]["headline"]
+        assert (
+            run["experiments"]["depth_profile"]["headline"]
+            == (full["experiments"]["depth_profile"]["headline"])
         )
     assert out["models"]["rope_axial"]["aggregate"]["depth_profile"]["ssdc_rpi@out"]["n"] == 2
     assert "with 1 seed each (rope_axial 2 seeds)" in summary(out, claims_of(out))

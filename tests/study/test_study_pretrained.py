@@ -301,12 +301,17 @@ def test_rebuild_fine_tune_controls_on_a_pretrained_rope_model(
         assert (out / "runs" / name / "seed0" / TUNED_FILE).is_file()
     for claim in (c for c in res["claims"] if c["claim"] == "rope_rebuilds"):
         rows = {r["model"]: r["role"] for r in claim["calibration"]["controls"]}
-        assert rows == {f"{ROPE}~finetune_held_out": "positive", f"{ROPE}~finetune_late": "negative"}
+        assert rows == {
+            f"{ROPE}~finetune_held_out": "positive",
+            f"{ROPE}~finetune_late": "negative",
+        }
     # the same command again: every stage reused, the fine-tune not redone
     stamp = (out / "runs" / f"{ROPE}~finetune_late" / "seed0" / TUNED_FILE).stat().st_mtime_ns
     again = run_study(cfg, out, progress=False, jobs=1)
     assert all(s["reused"] for s in again["timings"]["stages"])
-    assert (out / "runs" / f"{ROPE}~finetune_late" / "seed0" / TUNED_FILE).stat().st_mtime_ns == stamp
+    assert (
+        out / "runs" / f"{ROPE}~finetune_late" / "seed0" / TUNED_FILE
+    ).stat().st_mtime_ns == stamp
     # without fine-tunes: no such controls, and the verdict says what could calibrate it
     plain = run_study(replace(cfg, finetune_steps=0), tmp_path / "plain", progress=False, jobs=1)
     assert not any("finetune" in m for m in plain["models"])
@@ -374,7 +379,10 @@ def test_prepared_models_match_a_conversion_and_are_converted_once(
             assert torch.equal(m1(x1[:4]), m2(x2[:4]))
     marker = folders[ROPE] / PREPROCESS_FILE
     before = marker.stat().st_mtime_ns
-    assert prepare(tmp_path, cfg.pretrained_models, cfg.images) == folders and marker.stat().st_mtime_ns == before
+    assert (
+        prepare(tmp_path, cfg.pretrained_models, cfg.images) == folders
+        and marker.stat().st_mtime_ns == before
+    )
     weights = sources[1][ROPE]
     os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 1))
     again = prepare(tmp_path, cfg.pretrained_models, cfg.images)

@@ -56,9 +56,13 @@ def test_a_fine_tune_learns_and_says_what_it_did() -> None:
 
 @pytest.mark.parametrize(
     ("change", "field"),
-    [({"windows": "early"}, "finetune.windows"), ({"steps": 0}, "finetune.steps"),
-     ({"lr": 0.0}, "finetune.lr"), ({"batch_size": 0}, "finetune.batch_size"),
-     ({"p": 1.5}, "finetune.p")],
+    [
+        ({"windows": "early"}, "finetune.windows"),
+        ({"steps": 0}, "finetune.steps"),
+        ({"lr": 0.0}, "finetune.lr"),
+        ({"batch_size": 0}, "finetune.batch_size"),
+        ({"p": 1.5}, "finetune.p"),
+    ],
 )
 def test_fine_tune_config_errors_name_the_field(change: dict[str, object], field: str) -> None:
     with pytest.raises(ConfigError, match=field):

@@ -17,6 +17,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     weights, side = export_timm(model, args.out, name)
     print(weights)
     print(side)
-    print(f"study it with: poslens study --pretrained timm:{name}={weights} "
-          f"--data task:{Path(args.checkpoint).resolve()} --out DIR  (its own task; or an image folder)")
+    print(
+        f"study it with: poslens study --pretrained timm:{name}={weights} "
+        f"--data task:{Path(args.checkpoint).resolve()} --out DIR  (its own task; or an image folder)"
+    )
     return 0

@@ -266,7 +266,7 @@ def build_parser(prog: str = "poslens") -> argparse.ArgumentParser:
         help="training precision of the study's models: fp32 (the presets'), bf16 autocast, or "
         "auto (bf16 where the CPU/GPU runs it natively, else fp32); on a CPU with AVX512-BF16 / "
         "AMX bf16 trains the default study's width-32 models only about 4%% faster, and is another "
-        "seed draw, not a copy of the fp32 study (docs/study.md, \"Training in bf16\")",
+        'seed draw, not a copy of the fp32 study (docs/study.md, "Training in bf16")',
     )
     sy.add_argument(
         "--no-in-situ",

@@ -28,7 +28,9 @@ def study_seeds(seeds: str | None, start: int | None) -> dict[str, int]:
     try:
         a, b = int(first), int(last) if dash else None
     except ValueError:
-        raise UserError(f"--seeds takes a count N or a range A-B, got {short_repr(seeds)}") from None
+        raise UserError(
+            f"--seeds takes a count N or a range A-B, got {short_repr(seeds)}"
+        ) from None
     if b is None:
         return {**out, "seeds": a}
     if start is not None and start != a:
@@ -154,7 +156,9 @@ def ladder_summary(results: dict[str, Any]) -> str:
     """Each claim level's study-model effects per rung, one line per level (the terminal view of
     the report's table; verdicts need 5 seeds, so effects are what a 3-seed ladder shows)."""
     names = [r["name"] for r in results["rungs"]]
-    lines = [f"{'claim level (mean effect per rung)':<40} " + " ".join(f"{n[:11]:>11}" for n in names)]
+    lines = [
+        f"{'claim level (mean effect per rung)':<40} " + " ".join(f"{n[:11]:>11}" for n in names)
+    ]
     for cl in results["claims"]:
         label = f"{cl['claim'][:30]} ({cl['level']})"
         cells = []

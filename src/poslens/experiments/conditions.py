@@ -53,9 +53,7 @@ def planes_off(mask: torch.Tensor, blocks: Iterable[int] | None = None) -> Condi
     return lambda m: rotary_mask(m, planes=mask, blocks=blocks)
 
 
-def random_mask(
-    model: ViT, n: int, seed: int, among: torch.Tensor | None = None
-) -> torch.Tensor:
+def random_mask(model: ViT, n: int, seed: int, among: torch.Tensor | None = None) -> torch.Tensor:
     """[depth, H, P]: n random planes per block and head, from a seeded generator; with `among`
     ([depth, H, P] bool) only from those planes (e.g. the ones that rotate: removing a plane
     that does not turn removes nothing), as many as there are where fewer. With every plane

@@ -153,7 +153,9 @@ TABLE_ROWCOL, TABLE_CELL = "table_rowcol", "table_cell"
 TABLE_PART = {TABLE_ROWCOL: "rowcol", TABLE_CELL: "cell"}  # condition -> interventions' part
 # 1.0 where the axis conditions took each plane's pre-rotation axis (oblique), 0.0 the axis map's
 AXES_PRE_ROTATION = Key(NAME, "", "axes_pre_rotation")
-AXIS_PLANES_PER_HEAD = Key(NAME, "", "axis_planes_per_head")  # planes per head of one axis: the random count
+AXIS_PLANES_PER_HEAD = Key(
+    NAME, "", "axis_planes_per_head"
+)  # planes per head of one axis: the random count
 
 
 def table_key(number: str) -> Key:
@@ -333,7 +335,9 @@ def run(
         assert ref is not None
         name, cond, meta = next(c for c in conds if c[0] == step)
         if cfg.probes:
-            r = measure(model, x, y, cfg, cond, [ref.probe_site], fixed=ref.fixed, passes=cfg.passes)
+            r = measure(
+                model, x, y, cfg, cond, [ref.probe_site], fixed=ref.fixed, passes=cfg.passes
+            )
         else:
             r = measure(model, x, y, cfg, cond, passes=cfg.passes)
         results.append(summarise(name, r, ref.base, ref.floor, ref.probe_site, meta))

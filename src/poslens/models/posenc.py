@@ -35,7 +35,9 @@ def resample_pos_embed(
         return pos
     d = pos.shape[-1]
     grid = pos.reshape(1, old[0], old[1], d).permute(0, 3, 1, 2)  # [1, D, gh, gw]
-    grid = F.interpolate(grid.float(), size=new, mode="bicubic", align_corners=False, antialias=True)
+    grid = F.interpolate(
+        grid.float(), size=new, mode="bicubic", align_corners=False, antialias=True
+    )
     return grid.permute(0, 2, 3, 1).reshape(1, new[0] * new[1], d).to(pos.dtype)
 
 

@@ -52,9 +52,7 @@ class RelPosBias(nn.Module):
         return self.table[index.reshape(-1)].view(T, T, -1).permute(2, 0, 1)
 
 
-def table_from_bias(
-    bias: torch.Tensor, grid: int, num_prefix: int
-) -> tuple[torch.Tensor, float]:
+def table_from_bias(bias: torch.Tensor, grid: int, num_prefix: int) -> tuple[torch.Tensor, float]:
     """The table [R, H] whose bias on the g x g grid is `bias` [H, T, T], and the largest
     difference between `bias` and the table's bias (0 when `bias` is a function of the offset
     alone, as BEiT's and timm's RelPosBias / RelPosMlp biases are on their native grid)."""

@@ -362,7 +362,11 @@ def convert(tm: nn.Module, name: str) -> tuple[ModelConfig, dict[str, torch.Tens
     if pos_embed is not None:
         pos = pos_embed  # [1, (num_prefix if embedded) + N, D]
         n_patch = cfg.grid**2
-        if pos.shape[1] == n_patch + num_prefix and num_prefix and not getattr(tm, "no_embed_class", False):
+        if (
+            pos.shape[1] == n_patch + num_prefix
+            and num_prefix
+            and not getattr(tm, "no_embed_class", False)
+        ):
             assert prefix_t is not None
             prefix_t = prefix_t + pos[:, :num_prefix]  # constant per prefix token: fold it in
             pos = pos[:, num_prefix:]

@@ -182,7 +182,9 @@ def export_timm(model: ViT, out: str | Path, name: str | None = None) -> tuple[P
         raise UserError(f"--out must be a .safetensors file, got {out}")
     tm, kwargs = to_timm(model, name)
     name = name or timm_name_for(model.cfg)
-    state = {k: v.detach().contiguous() for k, v in tm.state_dict().items() if k not in _buffers(tm)}
+    state = {
+        k: v.detach().contiguous() for k, v in tm.state_dict().items() if k not in _buffers(tm)
+    }
     save_tensors(out, state)
     # timm drops a classifier whose size differs from its pretrained config's: say the size
     overlay = {"file": str(out), "num_classes": model.cfg.num_classes,

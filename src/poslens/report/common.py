@@ -101,8 +101,12 @@ def summary(results: Mapping[str, Any], claims: Sequence[ClaimResult]) -> str:
     parts = [
         f"This study {verb} {len(names)} model{'s' if len(names) != 1 else ''}"
         f" ({', '.join(names) or NONE})"
-        + (f" and {edited} in-situ control{'s' * (edited != 1)} (those models' weights edited "
-           "to plant or remove a mechanism, named MODEL~EDIT)" if edited else "")
+        + (
+            f" and {edited} in-situ control{'s' * (edited != 1)} (those models' weights edited "
+            "to plant or remove a mechanism, named MODEL~EDIT)"
+            if edited
+            else ""
+        )
         + f" with {fmt_value(seeds)} seed"
         f"{'s' if seeds != 1 else ''} each{_own_seeds(cfg)}, preset {fmt_value(cfg.get('preset'))}"
         f", task {fmt_value(cfg.get('task'))}, in {fmt_duration(wall)} of wall time"

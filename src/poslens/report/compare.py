@@ -201,7 +201,9 @@ def render_markdown(runs: Sequence[Run], rows: Sequence[Level], base: Path | Non
     head, body = table_rows(runs, rows)
     agree = sum(lv.agreement == AGREE for lv in rows)
     out = ["# poslens: study runs compared", ""]
-    out += [f"- **{cell(r.label)}** (`{r.name}`): {cell(c.summary(r.results, r.parsed))}" for r in runs]
+    out += [
+        f"- **{cell(r.label)}** (`{r.name}`): {cell(c.summary(r.results, r.parsed))}" for r in runs
+    ]
     out += ["", f"The runs agree on {agree} of {len(rows)} claim levels' verdicts.", ""]
     out += ["| " + " | ".join(cell(x) for x in head) + " |", "|" + "---|" * len(head)]
     out += ["| " + " | ".join(cell(x) for x in row) + " |" for row in body]

@@ -125,7 +125,9 @@ def level_power(
     the spread), `undecided` the means of the study models not yet decided."""
     sd, df = pooled_sd(groups)
     shift = detectable_shift(sd, seeds, alpha) if seeds >= 2 else math.nan
-    needed = {m: seeds_to_decide(mean, sd, threshold, floor, alpha) for m, mean in undecided.items()}
+    needed = {
+        m: seeds_to_decide(mean, sd, threshold, floor, alpha) for m, mean in undecided.items()
+    }
     return Power(threshold, seeds, alpha, sd, df, threshold + shift, needed)
 
 

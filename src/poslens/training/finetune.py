@@ -92,7 +92,9 @@ def finetune(
             at += ft.batch_size
             for group in opt.param_groups:
                 group["lr"] = lr_at(step, ft.steps, ft.lr, 0.1)
-            blocks = withheld_window(ft.windows, per_kind, model.cfg.depth, ft.seed * 100_003 + step)
+            blocks = withheld_window(
+                ft.windows, per_kind, model.cfg.depth, ft.seed * 100_003 + step
+            )
             withheld += bool(blocks)
             with rotary_mask(model, blocks=blocks) if blocks else contextlib.nullcontext():
                 loss = F.cross_entropy(model(images[idx].to(dev)), labels[idx].to(dev))

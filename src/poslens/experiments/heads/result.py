@@ -201,7 +201,9 @@ class Heads(Header):
                 out[f"{AXIS_PREFERENCE_SSDC}/{kind}"] = correlation(ssdc, spec)
                 # the null: the same preferences against the specialisations of other heads
                 perm = np.random.default_rng([PERMUTATION_SEED, self.seed]).permutation(len(spec))
-                out[f"{AXIS_PREFERENCE_PERMUTED}/{kind}"] = correlation(rel, [spec[i] for i in perm])
+                out[f"{AXIS_PREFERENCE_PERMUTED}/{kind}"] = correlation(
+                    rel, [spec[i] for i in perm]
+                )
         return out
 
     def relative_excess(self, r: Rebuild) -> float:

@@ -24,6 +24,7 @@ def models_read(experiment: str) -> tuple[str, ...]:
     trained controls, in rule order): what a study must run it on."""
     return tuple(dict.fromkeys(m for r in RULES if experiment in r.reads for m in r.models))
 
+
 __all__ = [
     "CLAIMS",
     "EACH",

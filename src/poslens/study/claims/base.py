@@ -32,6 +32,7 @@ ORIGINAL, SHARPER = "original", "sharper"
 NOT_TESTED = "not tested by the original"
 LEVELS = {ORIGINAL: "the original's observation", SHARPER: "the sharper test"}
 
+
 class View:
     """One model's headline numbers per seed, read by Key. The results.json aggregate is parsed
     once, into each number's Key and its per-seed values."""
@@ -255,7 +256,4 @@ class Rule:
         return family != "none" and self.family in ("any", family)
 
 
-
-
 PLANTED_ROWCOL = "a planted, frozen row + column table: row and column features by design"
-

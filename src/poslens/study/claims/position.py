@@ -26,6 +26,7 @@ NO_EDIT_PLANTS_USE = (
     "shuffled across positions) is built, so sensitivity rests on trained models"
 )
 
+
 def position_effect(v: View) -> Effect:
     """Accuracy points lost when every positional signal is removed from the trained weights."""
     pr = position_removal

@@ -56,6 +56,7 @@ REBUILD_CONTROLS = (
 # a pretrained study's: the studied weights fine-tuned the same two ways (study.finetune_steps)
 FINETUNE_CONTROLS = (in_situ_control("finetune_held_out"), in_situ_control("finetune_late"))
 
+
 def _window_values(v: View, number: str, suffix: bool = False) -> tuple[Values, Values]:
     """Per seed, `number` of the rebuilding window (prefix 0..k, or with suffix=True the suffix
     window k+1..end after it), and k itself (NaN where no window was run)."""

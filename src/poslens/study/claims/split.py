@@ -103,9 +103,7 @@ def rope_split_notes(v: View) -> Notes:
     n = v.seeds(pr.NAME)
     out: Notes = []
     for axis in ("row", "col"):
-        own = column(
-            v, pr.key(pr.axis_condition(axis), retention_number("probe_fixed", axis)), n
-        )
+        own = column(v, pr.key(pr.axis_condition(axis), retention_number("probe_fixed", axis)), n)
         out.append((f"check: {axis} probe retention after the {axis} planes are removed "
                     "(should be ~0)", own))  # fmt: skip
     return out
@@ -157,8 +155,10 @@ RULES = (
         SPLIT_TITLE,
         "on axial RoPE: removing one axis's planes keeps the other axis (fixed probes) beyond "
         "removing as many random planes per head",
-        Needs(("position_removal", "axis_map"),
-              removal=(position_removal.AXIS_KIND, position_removal.RANDOM_AXIS_KIND)),
+        Needs(
+            ("position_removal", "axis_map"),
+            removal=(position_removal.AXIS_KIND, position_removal.RANDOM_AXIS_KIND),
+        ),
         "rotary",
         rope_split_effect,
         "retention of the other axis's fixed probe after one axis's planes are removed, minus "
