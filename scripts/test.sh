@@ -6,4 +6,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh --timm
 .venv/bin/ruff check src tests benchmarks examples
+.venv/bin/ruff format --check src tests benchmarks examples
 POSLENS_FULL=1 .venv/bin/python -m pytest -n "${POSLENS_TEST_WORKERS:-2}" --dist loadfile "$@"
