@@ -66,11 +66,8 @@ KINDS = ("ape", TABLE_KIND, AXIS_KIND, "top", "random", RANDOM_AXIS_KIND)
 
 @dataclass(frozen=True)
 class Config(ExperimentConfig):
-    n_planes: tuple[int, ...] = (
-        2,
-        4,
-        8,
-    )  # plane counts for the top-frequency and random conditions
+    # plane counts for the top-frequency and random conditions
+    n_planes: tuple[int, ...] = (2, 4, 8)
     # the kinds of condition to run (KINDS); () runs the reference alone (intact and floor). The
     # study narrows it for an in-situ control to what the rules judging it read (Needs.removal).
     kinds: tuple[str, ...] = KINDS[:-1]  # all (RANDOM_AXIS_KIND is within "random")
@@ -153,9 +150,8 @@ TABLE_ROWCOL, TABLE_CELL = "table_rowcol", "table_cell"
 TABLE_PART = {TABLE_ROWCOL: "rowcol", TABLE_CELL: "cell"}  # condition -> interventions' part
 # 1.0 where the axis conditions took each plane's pre-rotation axis (oblique), 0.0 the axis map's
 AXES_PRE_ROTATION = Key(NAME, "", "axes_pre_rotation")
-AXIS_PLANES_PER_HEAD = Key(
-    NAME, "", "axis_planes_per_head"
-)  # planes per head of one axis: the random count
+# planes per head of one axis: the random count
+AXIS_PLANES_PER_HEAD = Key(NAME, "", "axis_planes_per_head")
 
 
 def table_key(number: str) -> Key:

@@ -41,9 +41,8 @@ class Outcome:
     detected: bool  # the observed outcome (used where the test is not redrawn)
     lower: float
     upper: float
-    seeds: int = (
-        0  # the seeds its model ran (study.model_seeds may differ by model); 0: as measured
-    )
+    # the seeds its model ran (study.model_seeds may differ by model); 0: as measured
+    seeds: int = 0
     model: str = ""  # the model (or control) it measured, as the report names it
 
     @property

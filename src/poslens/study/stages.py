@@ -80,9 +80,8 @@ class Source:
     cache: Path | None = None  # a fine-tune control's run folder: its tuned weights are kept there
     prepared: Path | None = None  # the model converted by the study's parent (study/prepared.py)
     not_applied: str | None = field(default=None, init=False, compare=False)  # why not, once loaded
-    finetuned: dict[str, Any] | None = field(
-        default=None, init=False, compare=False
-    )  # what was done
+    # what was done
+    finetuned: dict[str, Any] | None = field(default=None, init=False, compare=False)
 
     # The run's images, built once per run and shared by its stages (decoding a large image folder
     # again for every experiment would cost more than the experiment); tasks are read-only.

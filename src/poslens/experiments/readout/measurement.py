@@ -330,9 +330,8 @@ def _measure(
                 allocator.release_freed_memory()
         under_rpi = [SSDC(gh, gw, SSDC_DTYPE) for _ in raw + norm]
         n_probe = cfg.probe_images if probe_sites and rpi_probes else 0  # probed under RPI
-        n_rpi = (
-            max(n_ssdc, n_probe) if rpi_pass else 0
-        )  # images the RPI pass reads: SSDC's, probes'
+        # images the RPI pass reads: SSDC's, probes'
+        n_rpi = max(n_ssdc, n_probe) if rpi_pass else 0
         with rpi(model, seed=cfg.seed):
             for start in (s for s in starts if s < n_rpi):
                 stop = min(start + cfg.batch_size, n_rpi)
