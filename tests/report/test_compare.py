@@ -41,7 +41,14 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     second["primary"]["models"][model] |= {"mean": 0.73, "lower": 0.61, "upper": 0.85}
     second["qualifier"] = "fragile"
     second["power"] = {"mde": 0.125, "seeds": 5, "seeds_needed": 9, "text": "needs 9 seeds"}
+    # the parts a fragile verdict turns on: two below the stable share (least first in the
+    # output), one above it, and a malformed entry an older or edited file might hold
+    parts = [{"model": model, "role": "study", "observed": "detected", "share": 0.97},
+             {"model": "ctl_b", "role": "negative", "observed": "not detected", "share": 0.81},
+             {"model": "ctl_a", "role": "positive", "observed": "detected", "share": 0.55},
+             {"model": "broken"}]  # fmt: skip
     second["replication"] = {"probability": 0.64, "stable": False, "seeds_for_stable": 12,
+                             "threshold": 0.9, "parts": parts,
                              "text": "a rerun agrees 64% of the time"}  # fmt: skip
     write(b, edited)
     return a, b
@@ -73,6 +80,9 @@ def test_terminal_markdown_and_html(
     assert all(cl["claim"] in out for cl in claims)  # every level of both runs is printed
     assert "the runs agree on 1 of 3 claim levels' verdicts" in out
     assert "(fragile)" in out  # the qualifier newer runs may give, shown with the verdict
+    # what the fragile verdict turns on, least stable first; the stable part is not named
+    assert "least stable: positive ctl_a 55%; negative ctl_b 81%" in out
+    assert out.count("least stable:") == 1
 
     text = md.read_text()
     table = [line for line in text.splitlines() if line.startswith("| ")]
@@ -81,7 +91,8 @@ def test_terminal_markdown_and_html(
     assert first[-1].rstrip(" |") == "differ" and "not supported" in first
     second = table[2]
     assert "0.125" in second and "0.64" in second and second.endswith("| differ |")
-    assert "| - | - |" in table[3]  # neither run has power or replication there: dashes
+    assert "| positive ctl_a 55%; negative ctl_b 81% | differ |" in second
+    assert "| - | - | - |" in table[3]  # neither run has power or replication there: dashes
     # the figures are linked relative to the Markdown file
     link = os.path.relpath(a.resolve() / "figures" / "claims.png", md.parent.resolve())
     assert f"![laptop: claims at a glance]({link})" in text
@@ -93,6 +104,7 @@ def test_terminal_markdown_and_html(
     assert html.count(f"data:image/png;base64,{png}") == 2  # each run's own (identical) figure
     assert html.count('class="agreement">differ<') == 2
     assert html.count('class="agreement">agree<') == 1
+    assert html.count("least stable: positive ctl_a 55%; negative ctl_b 81%") == 1
 
 
 def test_out_writes_both_files_and_a_missing_figure_is_noted(

@@ -24,6 +24,7 @@ from poslens.errors import UserError
 from poslens.io import read_json
 from poslens.report import common as c
 from poslens.report import html as h
+from poslens.study.replication import STABLE
 from poslens.study.result import ClaimResult, claims_of
 from poslens.study.schema import SCHEMA
 from poslens.study.verdicts import CLAIMS_FIGURE
@@ -171,8 +172,27 @@ def replication(cl: ClaimResult | None) -> str:
     return _num(None if cl is None else _field(cl.replication, "probability"))
 
 
+def least_stable(cl: ClaimResult | None, most: int = 2) -> str:
+    """The parts a verdict that does not replicate turns on (replication.parts below the stable
+    share, least first): 'positive ape~table_rowcol 63%', or a dash (stable, or a run without
+    parts)."""
+    rep = None if cl is None else cl.replication
+    parts = _field(rep, "parts")
+    if not isinstance(parts, list) or _field(rep, "stable") is not False:
+        return DASH
+    line = _field(rep, "threshold")
+    line = line if isinstance(line, int | float) else STABLE
+    known = [p for p in parts if isinstance(p, Mapping) and isinstance(p.get("share"), int | float)]
+    weak = sorted((p for p in known if p["share"] < line), key=lambda p: p["share"])[:most]
+    text = "; ".join(f"{p.get('role')} {p.get('model')} {p['share']:.0%}" for p in weak)
+    return text or DASH
+
+
 HEAD = ["Claim", "Level"]
-PER_RUN = ("verdict", "effect per model: mean [one-sided 95% bounds]", "MDE", "P(replicates)")
+PER_RUN = (
+    "verdict", "effect per model: mean [one-sided 95% bounds]", "MDE", "P(replicates)",
+    "least stable (share of fresh seed sets)",
+)  # fmt: skip
 
 
 def table_rows(runs: Sequence[Run], rows: Sequence[Level]) -> tuple[list[str], list[list[str]]]:
@@ -186,7 +206,8 @@ def table_rows(runs: Sequence[Run], rows: Sequence[Level]) -> tuple[list[str], l
     for lv in rows:
         cells = [lv.title, lv.level]
         for cl in lv.cells:
-            cells += [verdict(cl), "; ".join(effects(cl)) or DASH, mde(cl), replication(cl)]
+            cells += [verdict(cl), "; ".join(effects(cl)) or DASH, mde(cl), replication(cl),
+                      least_stable(cl)]  # fmt: skip
         body.append([*cells, lv.agreement])
     return head, body
 
@@ -240,6 +261,8 @@ def render_html(runs: Sequence[Run], rows: Sequence[Level]) -> str:
             extra = (
                 f"<br><small>MDE {h.esc(mde(cl))}; P(replicates) {h.esc(replication(cl))}</small>"
             )
+            if least_stable(cl) != DASH:
+                extra += f"<br><small>least stable: {h.esc(least_stable(cl))}</small>"
             tds.append(f"<td>{h.badge(cl.verdict, verdict(cl))}{lines}{extra}</td>")
         tds.append(f'<td class="agreement">{h.esc(lv.agreement)}</td>')
         body.append("<tr>" + "".join(tds) + "</tr>")
