@@ -23,9 +23,9 @@ from poslens.study.replication import (
     VERDICT_CODES,
     Outcome,
     decide,
+    fresh_draws,
     holm_rows,
     replication,
-    verdict_shares,
 )
 from tests.study.test_claims import (
     calibrated,
@@ -120,7 +120,7 @@ def test_replication_is_deterministic_and_reads_a_borderline_verdict_as_unstable
     assert not border.stable and border.stable_at is not None and border.stable_at > 5
     assert border.stable_verdict == SUPPORTED
     # more seeds make the same true effect replicate more often
-    few, many = (verdict_shares(_level(0.3, 0.1), 0.1, 0.05, n, "x")[1] for n in (5, 30))
+    few, many = (fresh_draws(_level(0.3, 0.1), 0.1, 0.05, n, "x").shares[1] for n in (5, 30))
     assert many > few
 
 

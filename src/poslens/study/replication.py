@@ -134,17 +134,31 @@ def _draw(
     return p, mean - one, mean + one
 
 
-def _drawn_states(
+@dataclass(frozen=True)
+class Draws:
+    """Fresh seed sets' outcomes: the state of each test that counts [DRAWS, J] and each draw's
+    verdict [DRAWS] (indices into VERDICT_CODES)."""
+
+    states: np.ndarray
+    codes: np.ndarray
+
+    @property
+    def shares(self) -> np.ndarray:
+        """The share of fresh seed sets giving each verdict of VERDICT_CODES."""
+        return np.bincount(self.codes, minlength=len(VERDICT_CODES)) / DRAWS
+
+
+def fresh_draws(
     tests: Sequence[Outcome],
     threshold: float,
     alpha: float,
     seeds: int,
     seed_key: str,
     plug_in: bool = False,
-) -> np.ndarray:
-    """The states [DRAWS, J] of the tests that count on fresh seed sets (from the posterior
-    predictive, or with plug_in taking the observed means and spreads as true), each test's model
-    running `seeds` seeds or its own count, whichever is larger (so `seeds` at or below the
+) -> Draws:
+    """The tests that count, redrawn on fresh seed sets (from the posterior predictive, or with
+    plug_in taking the observed means and spreads as true) and decided by `verdicts`, each test's
+    model running `seeds` seeds or its own count, whichever is larger (so `seeds` at or below the
     smallest count redraws every test at its own)."""
     rng = np.random.default_rng(zlib.crc32(f"{seed_key}:{seeds}:{plug_in}".encode()))
     drawn = [t.counts or (len(t.values) >= 2 and len(set(t.values)) > 1) for t in tests]
@@ -168,23 +182,9 @@ def _drawn_states(
     fixed = np.array([t.detected for t in tests])
     detected = np.where(in_family, adjusted < alpha, fixed[None, :]) & counts[None, :]
     roles = [t.role for t in tests if t.counts]
-    return states(threshold, roles, detected[:, counts], np.stack(cols_lo, 1)[:, counts],
-                  np.stack(cols_hi, 1)[:, counts])  # fmt: skip
-
-
-def verdict_shares(
-    tests: Sequence[Outcome],
-    threshold: float,
-    alpha: float,
-    seeds: int,
-    seed_key: str,
-    plug_in: bool = False,
-) -> np.ndarray:
-    """The share of fresh seed sets giving each verdict of VERDICT_CODES (`_drawn_states`'
-    draws, decided by `verdicts`)."""
-    state = _drawn_states(tests, threshold, alpha, seeds, seed_key, plug_in)
-    codes = verdicts([t.role for t in tests if t.counts], state)
-    return np.bincount(codes, minlength=len(VERDICT_CODES)) / DRAWS
+    state = states(threshold, roles, detected[:, counts], np.stack(cols_lo, 1)[:, counts],
+                   np.stack(cols_hi, 1)[:, counts])  # fmt: skip
+    return Draws(state, verdicts(roles, state))
 
 
 @dataclass(frozen=True)
@@ -264,18 +264,18 @@ def replication(
     the smallest seed count of the family's models (each test is redrawn at its own count)."""
     counted = [t for t in tests if t.counts]
     roles = [t.role for t in counted]
-    state = _drawn_states(tests, threshold, alpha, seeds, key)
-    shares = np.bincount(verdicts(roles, state), minlength=len(VERDICT_CODES)) / DRAWS
+    draws = fresh_draws(tests, threshold, alpha, seeds, key)
+    shares = draws.shares
     observed = states(threshold, roles, np.array([[t.detected for t in counted]]),
                       np.array([[t.lower for t in counted]]),
                       np.array([[t.upper for t in counted]]))[0]  # fmt: skip
-    parts = tuple(Part(t.model, t.role, STATE_NAMES[int(o)], float((state[:, j] == o).mean()))
+    parts = tuple(Part(t.model, t.role, STATE_NAMES[int(o)], float((draws.states[:, j] == o).mean()))
                   for j, (t, o) in enumerate(zip(counted, observed, strict=True)))  # fmt: skip
     prob = float(shares[code])
     at, which = None, None
     if prob < STABLE:
         for n in (s for s in SEED_STEPS if s > seeds):
-            more = verdict_shares(tests, threshold, alpha, n, key, plug_in=True)
+            more = fresh_draws(tests, threshold, alpha, n, key, plug_in=True).shares
             if more.max() >= STABLE:
                 at, which = n, VERDICT_CODES[int(more.argmax())]
                 break
@@ -284,5 +284,5 @@ def replication(
     return Replication(VERDICT_CODES[code], prob, seeds, at, which, named, mixed, parts)
 
 
-__all__ = ["DRAWS", "STABLE", "STATE_NAMES", "VERDICT_CODES", "Part", "Replication", "decide",
-           "holm_rows", "replication", "states", "verdict_shares", "verdicts"]  # fmt: skip
+__all__ = ["DRAWS", "STABLE", "STATE_NAMES", "VERDICT_CODES", "Draws", "Part", "Replication", "decide",
+           "fresh_draws", "holm_rows", "replication", "states", "verdicts"]  # fmt: skip
