@@ -94,7 +94,7 @@ def test_decide_orders_calibration_support_and_exclusion() -> None:
                          [False, True, False], [False, True, False]])  # fmt: skip
     lower = np.array([[0.5, 0.3, -1]] * 5)
     upper = np.array([[1, 1, 0], [1, 1, 0], [1, 1, 0], [0.05, 1, 0], [0.5, 1, 0]])
-    codes = decide(0.1, roles, detected, lower, upper)
+    codes, state = decide(0.1, roles, detected, lower, upper)
     assert [VERDICT_CODES[c] for c in codes] == [
         VERDICT_CODES[1],
         VERDICT_CODES[0],
@@ -102,6 +102,8 @@ def test_decide_orders_calibration_support_and_exclusion() -> None:
         VERDICT_CODES[2],
         VERDICT_CODES[3],
     ]
+    # each test's state: a study model below the floor is excluded (row 4), a control never is
+    assert state.tolist() == [[1, 1, 0], [1, 0, 0], [0, 1, 1], [2, 1, 0], [0, 1, 0]]
 
 
 def _level(study_mean: float, spread: float) -> list[Outcome]:

@@ -301,7 +301,7 @@ def _decide_observed(rule: Rule, study: list[Judged], controls: list[Judged]) ->
     return int(decide(rule.threshold, [o.role for o in counted],
                       np.array([[o.detected for o in counted]]),
                       np.array([[o.lower for o in counted]]),
-                      np.array([[o.upper for o in counted]]))[0])  # fmt: skip
+                      np.array([[o.upper for o in counted]]))[0][0])  # fmt: skip
 
 
 def _power(rule: Rule, study: list[Judged], controls: list[Judged], seeds: int) -> Power:

@@ -68,45 +68,29 @@ NOT_DETECTED, DETECTED, EXCLUDED = 0, 1, 2
 STATE_NAMES = ("not detected", "detected", "excluded")
 
 
-def states(
-    threshold: float,
-    roles: Sequence[str],
-    detected: np.ndarray,
-    lower: np.ndarray,
-    upper: np.ndarray,
-) -> np.ndarray:
-    """The state of each test ([B, J] over the tests that count: detected, one-sided bounds):
-    detected, excluded (a study model whose upper bound lies below the smallest effect the rule
-    detects: the threshold or a detected positive's lower bound) or not detected."""
-    r = np.asarray(roles)
-    lows = np.where(detected & (r == "positive"), lower, np.inf).min(1)
-    floor = np.minimum(threshold, lows)
-    excluded = (r == "study") & ~detected & (upper < floor[:, None])
-    return np.where(detected, DETECTED, np.where(excluded, EXCLUDED, NOT_DETECTED))
-
-
-def verdicts(roles: Sequence[str], state: np.ndarray) -> np.ndarray:
-    """The verdict of each row of test states [B, J]: calibration first (every positive detected,
-    no negative), then supported (every study model detected), not supported (every study model
-    detected or excluded), else no power. Returns [B] indices into VERDICT_CODES."""
-    r = np.asarray(roles)
-    pos, neg, study = r == "positive", r == "negative", r == "study"
-    passed = (state[:, pos] == DETECTED).all(1) & ~(state[:, neg] == DETECTED).any(1)
-    supported = (state[:, study] == DETECTED).all(1)
-    excluded = (state[:, study] != NOT_DETECTED).all(1)
-    return np.select([~passed, supported, excluded], [0, 1, 2], default=3)
-
-
 def decide(
     threshold: float,
     roles: Sequence[str],
     detected: np.ndarray,
     lower: np.ndarray,
     upper: np.ndarray,
-) -> np.ndarray:
-    """The verdict of each row of outcomes ([B, J] over the tests that count): `verdicts` of their
-    `states`. Returns [B] indices into VERDICT_CODES."""
-    return verdicts(roles, states(threshold, roles, detected, lower, upper))
+) -> tuple[np.ndarray, np.ndarray]:
+    """The verdict of each row of outcomes ([B, J] over the tests that count: detected, one-sided
+    bounds) and the state of each test in it. A test is detected, excluded (a study model whose
+    upper bound lies below the smallest effect the rule detects: the threshold or a detected
+    positive's lower bound) or not detected. The verdict: calibration first (every positive
+    detected, no negative), then supported (every study model detected), not supported (every
+    study model detected or excluded), else no power. Returns [B] indices into VERDICT_CODES and
+    the states [B, J]."""
+    r = np.asarray(roles)
+    pos, neg, study = r == "positive", r == "negative", r == "study"
+    floor = np.minimum(threshold, np.where(detected & pos, lower, np.inf).min(1))
+    excluded = study & ~detected & (upper < floor[:, None])
+    state = np.where(detected, DETECTED, np.where(excluded, EXCLUDED, NOT_DETECTED))
+    passed = detected[:, pos].all(1) & ~detected[:, neg].any(1)
+    supported = detected[:, study].all(1)
+    ruled_out = (state[:, study] != NOT_DETECTED).all(1)
+    return np.select([~passed, supported, ruled_out], [0, 1, 2], default=3), state
 
 
 def _draw(
@@ -136,8 +120,8 @@ def _draw(
 
 @dataclass(frozen=True)
 class Draws:
-    """Fresh seed sets' outcomes: the state of each test that counts [DRAWS, J] and each draw's
-    verdict [DRAWS] (indices into VERDICT_CODES)."""
+    """Fresh seed sets' outcomes (`decide` on each): the state of each test that counts
+    [DRAWS, J] and each draw's verdict [DRAWS] (indices into VERDICT_CODES)."""
 
     states: np.ndarray
     codes: np.ndarray
@@ -157,7 +141,7 @@ def fresh_draws(
     plug_in: bool = False,
 ) -> Draws:
     """The tests that count, redrawn on fresh seed sets (from the posterior predictive, or with
-    plug_in taking the observed means and spreads as true) and decided by `verdicts`, each test's
+    plug_in taking the observed means and spreads as true) and decided by `decide`, each test's
     model running `seeds` seeds or its own count, whichever is larger (so `seeds` at or below the
     smallest count redraws every test at its own)."""
     rng = np.random.default_rng(zlib.crc32(f"{seed_key}:{seeds}:{plug_in}".encode()))
@@ -182,9 +166,9 @@ def fresh_draws(
     fixed = np.array([t.detected for t in tests])
     detected = np.where(in_family, adjusted < alpha, fixed[None, :]) & counts[None, :]
     roles = [t.role for t in tests if t.counts]
-    state = states(threshold, roles, detected[:, counts], np.stack(cols_lo, 1)[:, counts],
-                   np.stack(cols_hi, 1)[:, counts])  # fmt: skip
-    return Draws(state, verdicts(roles, state))
+    codes, state = decide(threshold, roles, detected[:, counts], np.stack(cols_lo, 1)[:, counts],
+                          np.stack(cols_hi, 1)[:, counts])  # fmt: skip
+    return Draws(state, codes)
 
 
 @dataclass(frozen=True)
@@ -266,11 +250,11 @@ def replication(
     roles = [t.role for t in counted]
     draws = fresh_draws(tests, threshold, alpha, seeds, key)
     shares = draws.shares
-    observed = states(threshold, roles, np.array([[t.detected for t in counted]]),
-                      np.array([[t.lower for t in counted]]),
-                      np.array([[t.upper for t in counted]]))[0]  # fmt: skip
+    _, observed = decide(threshold, roles, np.array([[t.detected for t in counted]]),
+                         np.array([[t.lower for t in counted]]),
+                         np.array([[t.upper for t in counted]]))  # fmt: skip
     parts = tuple(Part(t.model, t.role, STATE_NAMES[int(o)], float((draws.states[:, j] == o).mean()))
-                  for j, (t, o) in enumerate(zip(counted, observed, strict=True)))  # fmt: skip
+                  for j, (t, o) in enumerate(zip(counted, observed[0], strict=True)))  # fmt: skip
     prob = float(shares[code])
     at, which = None, None
     if prob < STABLE:
@@ -285,4 +269,4 @@ def replication(
 
 
 __all__ = ["DRAWS", "STABLE", "STATE_NAMES", "VERDICT_CODES", "Draws", "Part", "Replication", "decide",
-           "fresh_draws", "holm_rows", "replication", "states", "verdicts"]  # fmt: skip
+           "fresh_draws", "holm_rows", "replication"]  # fmt: skip
