@@ -114,11 +114,11 @@ def _level(study_mean: float, spread: float) -> list[Outcome]:
 
 
 def test_replication_is_deterministic_and_reads_a_borderline_verdict_as_unstable() -> None:
-    clear = replication(_level(0.9, 0.02), 0.1, 0.05, 5, 1, "x")
+    clear = replication(_level(0.9, 0.02), 0.1, 0.05, 5, "x")
     assert clear.stable and clear.probability >= STABLE and clear.stable_at is None
-    again = replication(_level(0.9, 0.02), 0.1, 0.05, 5, 1, "x")
+    again = replication(_level(0.9, 0.02), 0.1, 0.05, 5, "x")
     assert again == clear
-    border = replication(_level(0.3, 0.1), 0.1, 0.05, 5, 1, "x")
+    border = replication(_level(0.3, 0.1), 0.1, 0.05, 5, "x")
     assert not border.stable and border.stable_at is not None and border.stable_at > 5
     assert border.stable_verdict == SUPPORTED
     # more seeds make the same true effect replicate more often
@@ -135,7 +135,7 @@ def test_a_fragile_verdict_names_the_test_it_turns_on() -> None:
              Outcome("positive", vals, True, True, 0.15, 0.45, model="pos"),
              Outcome("negative", tuple(jitter(-0.5, 5, 0.02)), True, False, -0.52, -0.48,
                      model="neg")]  # fmt: skip
-    rep = replication(tests, 0.1, 0.05, 5, 1, "x")
+    rep = replication(tests, 0.1, 0.05, 5, "x")
     assert not rep.stable
     assert [(p.model, p.role, p.observed) for p in rep.parts] == [
         ("m", "study", "detected"), ("pos", "positive", "detected"),
@@ -150,7 +150,7 @@ def test_a_fragile_verdict_names_the_test_it_turns_on() -> None:
     assert rep.to_dict()["parts"][1] == {"model": "pos", "role": "positive",
                                          "observed": "detected", "share": share["pos"]}  # fmt: skip
     # a stable verdict names nothing
-    assert replication(_level(0.9, 0.02), 0.1, 0.05, 5, 1, "x").least_stable == ()
+    assert replication(_level(0.9, 0.02), 0.1, 0.05, 5, "x").least_stable == ()
 
 
 def test_a_fragile_verdict_is_inconclusive_and_says_what_would_stabilise_it() -> None:

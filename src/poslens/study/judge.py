@@ -29,15 +29,13 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from poslens.interventions import in_situ
 from poslens.metrics.stats import SeedTest, holm, seed_test
 from poslens.study.claims import EACH, LEVELS, RULES, Control, Effect, Rule, View
 from poslens.study.config import StudyConfig
 from poslens.study.power import MAX_SEEDS, POWER, Power, level_power
 from poslens.study.reference import reference_check
-from poslens.study.replication import VERDICT_CODES, Outcome, decide, replication
+from poslens.study.replication import VERDICT_CODES, Outcome, observed, replication
 from poslens.study.result import (
     Calibration,
     ClaimResult,
@@ -297,11 +295,7 @@ def _tests(study: list[Judged], controls: list[Judged]) -> list[Outcome]:
 def _decide_observed(rule: Rule, study: list[Judged], controls: list[Judged]) -> int:
     """The observed verdict (an index into VERDICT_CODES), by the same `decide` that decides each
     replication draw: over the tests that count (a degenerate negative control does not)."""
-    counted = [o for o in _tests(study, controls) if o.counts]
-    return int(decide(rule.threshold, [o.role for o in counted],
-                      np.array([[o.detected for o in counted]]),
-                      np.array([[o.lower for o in counted]]),
-                      np.array([[o.upper for o in counted]]))[0][0])  # fmt: skip
+    return observed(_tests(study, controls), rule.threshold)[0]
 
 
 def _power(rule: Rule, study: list[Judged], controls: list[Judged], seeds: int) -> Power:
@@ -443,7 +437,7 @@ def _claim(
             verdict, qualifier = INCONCLUSIVE, NO_POWER
             summary = _no_power_text(rule, study, controls, power)
         tests = _tests(study, controls)
-        replicates = replication(tests, rule.threshold, ALPHA, min(t.design for t in tests), code,
+        replicates = replication(tests, rule.threshold, ALPHA, min(t.design for t in tests),
                                  rule.id)  # fmt: skip
         if code != NO_POWER_CODE and not replicates.stable:
             summary = (f"Fragile: {VERDICT_CODES[code]} on this seed set, but {replicates.text()}. "

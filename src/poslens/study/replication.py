@@ -93,6 +93,18 @@ def decide(
     return np.select([~passed, supported, ruled_out], [0, 1, 2], default=3), state
 
 
+def observed(tests: Sequence[Outcome], threshold: float) -> tuple[int, np.ndarray]:
+    """The observed verdict of a level's family (an index into VERDICT_CODES) and the state of
+    each test that counts [J], by the `decide` that decides every replication draw (a test that
+    does not count, e.g. a degenerate negative control, takes no part)."""
+    counted = [t for t in tests if t.counts]
+    codes, state = decide(threshold, [t.role for t in counted],
+                          np.array([[t.detected for t in counted]]),
+                          np.array([[t.lower for t in counted]]),
+                          np.array([[t.upper for t in counted]]))  # fmt: skip
+    return int(codes[0]), state[0]
+
+
 def _draw(
     values: Sequence[float],
     n_new: int,
@@ -242,19 +254,16 @@ class Replication:
 
 
 def replication(
-    tests: Sequence[Outcome], threshold: float, alpha: float, seeds: int, code: int, key: str
+    tests: Sequence[Outcome], threshold: float, alpha: float, seeds: int, key: str
 ) -> Replication:
-    """The replication estimate of a level whose observed verdict is VERDICT_CODES[code]; `seeds`:
-    the smallest seed count of the family's models (each test is redrawn at its own count)."""
+    """The replication estimate of a level's observed verdict (`observed`); `seeds`: the smallest
+    seed count of the family's models (each test is redrawn at its own count)."""
     counted = [t for t in tests if t.counts]
-    roles = [t.role for t in counted]
+    code, state = observed(tests, threshold)
     draws = fresh_draws(tests, threshold, alpha, seeds, key)
     shares = draws.shares
-    _, observed = decide(threshold, roles, np.array([[t.detected for t in counted]]),
-                         np.array([[t.lower for t in counted]]),
-                         np.array([[t.upper for t in counted]]))  # fmt: skip
     parts = tuple(Part(t.model, t.role, STATE_NAMES[int(o)], float((draws.states[:, j] == o).mean()))
-                  for j, (t, o) in enumerate(zip(counted, observed[0], strict=True)))  # fmt: skip
+                  for j, (t, o) in enumerate(zip(counted, state, strict=True)))  # fmt: skip
     prob = float(shares[code])
     at, which = None, None
     if prob < STABLE:
@@ -269,4 +278,4 @@ def replication(
 
 
 __all__ = ["DRAWS", "STABLE", "STATE_NAMES", "VERDICT_CODES", "Draws", "Part", "Replication", "decide",
-           "fresh_draws", "holm_rows", "replication"]  # fmt: skip
+           "fresh_draws", "holm_rows", "observed", "replication"]  # fmt: skip
