@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from poslens.report.common import verdict_label
+from poslens.report.compare import least_stable
 from poslens.study import preset, run_study
 from poslens.study.result import ClaimResult, claims_of
 
@@ -31,7 +32,8 @@ def _run(name: str, seeds: int, start: int, out: Path) -> dict[str, Any]:
 
 
 def table(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
-    """One line per claim level: the two verdicts, agreement, replication and power of each."""
+    """One line per claim level: the two verdicts, agreement, replication, power and the least
+    stable parts of each."""
 
     def seeds(r: dict[str, Any]) -> str:
         c = r["config"]
@@ -39,7 +41,8 @@ def table(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
         return f"seeds {first}-{first + c['seeds'] - 1}"
 
     rows = [f"| level | {seeds(a)} | {seeds(b)} | agree | replication (each run) | "
-            "minimum detectable effect (each run) |", "|---|---|---|---|---|---|"]  # fmt: skip
+            "minimum detectable effect (each run) | least stable (each run) |",
+            "|---|---|---|---|---|---|---|"]  # fmt: skip
     by_id = {c.id: c for c in claims_of(b)}
     for ca in claims_of(a):
         cb = by_id.get(ca.id)
@@ -56,7 +59,8 @@ def table(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
             return "-" if p.get("mde") is None else f"{p['mde']:.3g}"
 
         rows.append(f"| {ca.id} | {la} | {lb} | {'yes' if la == lb else 'NO'} | "
-                    f"{rep(ca)} / {rep(cb)} | {mde(ca)} / {mde(cb)} |")  # fmt: skip
+                    f"{rep(ca)} / {rep(cb)} | {mde(ca)} / {mde(cb)} | "
+                    f"{least_stable(ca)} / {least_stable(cb)} |")  # fmt: skip
     return rows
 
 
