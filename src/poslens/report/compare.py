@@ -24,7 +24,7 @@ from poslens.errors import UserError
 from poslens.io import read_json
 from poslens.report import common as c
 from poslens.report import html as h
-from poslens.study.replication import STABLE
+from poslens.study.replication import TURNS_ON
 from poslens.study.result import ClaimResult, claims_of
 from poslens.study.schema import SCHEMA
 from poslens.study.verdicts import CLAIMS_FIGURE
@@ -173,17 +173,15 @@ def replication(cl: ClaimResult | None) -> str:
 
 
 def least_stable(cl: ClaimResult | None, most: int = 2) -> str:
-    """The parts a verdict that does not replicate turns on (replication.parts below the stable
-    share, least first): 'positive ape~table_rowcol 63%', or a dash (stable, or a run without
-    parts)."""
+    """The parts a verdict that does not replicate turns on (replication.parts that fresh seed
+    sets fail to repeat more than 1% of the time, least first): 'positive ape~table_rowcol 63%',
+    or a dash (stable, or a run without parts)."""
     rep = None if cl is None else cl.replication
     parts = _field(rep, "parts")
     if not isinstance(parts, list) or _field(rep, "stable") is not False:
         return DASH
-    line = _field(rep, "threshold")
-    line = line if isinstance(line, int | float) else STABLE
     known = [p for p in parts if isinstance(p, Mapping) and isinstance(p.get("share"), int | float)]
-    weak = sorted((p for p in known if p["share"] < line), key=lambda p: p["share"])[:most]
+    weak = sorted((p for p in known if p["share"] < TURNS_ON), key=lambda p: p["share"])[:most]
     text = "; ".join(f"{p.get('role')} {p.get('model')} {p['share']:.0%}" for p in weak)
     return text or DASH
 

@@ -23,6 +23,9 @@ from scipy import stats as st
 from poslens.study.verdicts import FAILED_CALIBRATION, INCONCLUSIVE, NOT_SUPPORTED, SUPPORTED
 
 STABLE = 0.90  # a decided verdict must replicate on at least this share of fresh seed sets
+# a part a fragile verdict is said to turn on: one that fresh seed sets fail to repeat more than
+# 1% of the time (several parts at 94-96% make a verdict fragile together)
+TURNS_ON = 0.99
 DRAWS = 4000  # predictive draws per estimate
 # the seed counts tried when a level is not yet stable (the first one that is stable is named)
 SEED_STEPS = (5, 6, 7, 8, 10, 12, 15, 20, 25, 30, 40, 50)
@@ -222,9 +225,10 @@ class Replication:
 
     @property
     def least_stable(self) -> tuple[Part, ...]:
-        """The parts that come out the same on fewer than STABLE of fresh seed sets, least first
+        """The parts that come out the same on fewer than TURNS_ON of fresh seed sets, least first
         (at most three)."""
-        return tuple(sorted((p for p in self.parts if p.share < STABLE), key=lambda p: p.share))[:3]
+        weak = (p for p in self.parts if p.share < TURNS_ON)
+        return tuple(sorted(weak, key=lambda p: p.share))[:3]
 
     @property
     def stable(self) -> bool:
@@ -277,5 +281,5 @@ def replication(
     return Replication(VERDICT_CODES[code], prob, seeds, at, which, named, mixed, parts)
 
 
-__all__ = ["DRAWS", "STABLE", "STATE_NAMES", "VERDICT_CODES", "Draws", "Part", "Replication", "decide",
+__all__ = ["DRAWS", "STABLE", "STATE_NAMES", "TURNS_ON", "VERDICT_CODES", "Draws", "Part", "Replication", "decide",
            "fresh_draws", "holm_rows", "observed", "replication"]  # fmt: skip
