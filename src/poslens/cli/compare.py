@@ -52,8 +52,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
             lines = [cmp.verdict(cl), *cmp.effects(cl)]
             if cl is not None:
                 lines.append(f"MDE {cmp.mde(cl)}, P(replicates) {cmp.replication(cl)}")
-                if cmp.least_stable(cl) != cmp.DASH:
-                    lines.append(f"least stable: {cmp.least_stable(cl)}")
+                if (weak := cmp.least_stable(cl)) != cmp.DASH:
+                    lines.append(f"least stable: {weak}")
             cells.append("\n".join(lines))
         table.add_row(lv.claim, lv.level, *cells, lv.agreement)
     console = Console(width=None if sys.stdout.isatty() else WIDTH, highlight=False)

@@ -259,8 +259,8 @@ def render_html(runs: Sequence[Run], rows: Sequence[Level]) -> str:
             extra = (
                 f"<br><small>MDE {h.esc(mde(cl))}; P(replicates) {h.esc(replication(cl))}</small>"
             )
-            if least_stable(cl) != DASH:
-                extra += f"<br><small>least stable: {h.esc(least_stable(cl))}</small>"
+            if (weak := least_stable(cl)) != DASH:
+                extra += f"<br><small>least stable: {h.esc(weak)}</small>"
             tds.append(f"<td>{h.badge(cl.verdict, verdict(cl))}{lines}{extra}</td>")
         tds.append(f'<td class="agreement">{h.esc(lv.agreement)}</td>')
         body.append("<tr>" + "".join(tds) + "</tr>")
