@@ -28,6 +28,7 @@ from poslens.study.replication import (
     decide,
     fresh_draws,
     holm_rows,
+    least_stable,
     replication,
 )
 from tests.study.test_claims import (
@@ -160,6 +161,12 @@ def test_a_fragile_verdict_names_the_test_it_turns_on() -> None:
     assert "least stable: positive b (detected here; on 94% of fresh sets)" in together.text()
     # a stable verdict names nothing
     assert replication(_level(0.9, 0.02), 0.1, 0.05, 5, "x").least_stable == ()
+    # results.json's parts read back into the same parts (what `poslens compare` ranks); a
+    # malformed record is dropped, never ranked as a share of 0
+    back = [Part.from_dict(p.to_dict()) for p in rep.parts]
+    assert back == list(rep.parts)
+    assert Part.from_dict({"model": "x"}) is None and Part.from_dict("x") is None
+    assert least_stable(together.parts, most=1) == together.least_stable[:1]
 
 
 def test_a_fragile_verdict_is_inconclusive_and_says_what_would_stabilise_it() -> None:

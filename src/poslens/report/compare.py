@@ -24,7 +24,8 @@ from poslens.errors import UserError
 from poslens.io import read_json
 from poslens.report import common as c
 from poslens.report import html as h
-from poslens.study.replication import TURNS_ON
+from poslens.study.replication import Part
+from poslens.study.replication import least_stable as weakest
 from poslens.study.result import ClaimResult, claims_of
 from poslens.study.schema import SCHEMA
 from poslens.study.verdicts import CLAIMS_FIGURE
@@ -180,9 +181,8 @@ def least_stable(cl: ClaimResult | None, most: int = 2) -> str:
     parts = _field(rep, "parts")
     if not isinstance(parts, list) or _field(rep, "stable") is not False:
         return DASH
-    known = [p for p in parts if isinstance(p, Mapping) and isinstance(p.get("share"), int | float)]
-    weak = sorted((p for p in known if p["share"] < TURNS_ON), key=lambda p: p["share"])[:most]
-    text = "; ".join(f"{p.get('role')} {p.get('model')} {p['share']:.0%}" for p in weak)
+    known = [p for p in map(Part.from_dict, parts) if p is not None]
+    text = "; ".join(f"{p.role} {p.model} {p.share:.0%}" for p in weakest(known, most))
     return text or DASH
 
 

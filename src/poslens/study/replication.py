@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -205,6 +205,22 @@ class Part:
         return {"model": self.model, "role": self.role, "observed": self.observed,
                 "share": self.share}  # fmt: skip
 
+    @classmethod
+    def from_dict(cls, d: object) -> Part | None:
+        """A part as results.json holds it, or None where the record is malformed (an older or
+        edited file)."""
+        if not isinstance(d, Mapping) or not isinstance(d.get("share"), int | float):
+            return None
+        return cls(
+            str(d.get("model")), str(d.get("role")), str(d.get("observed")), float(d["share"])
+        )
+
+
+def least_stable(parts: Iterable[Part], most: int = 3) -> tuple[Part, ...]:
+    """The parts that come out the same on fewer than TURNS_ON of fresh seed sets, least first
+    (at most `most`): what a verdict that does not replicate turns on."""
+    return tuple(sorted((p for p in parts if p.share < TURNS_ON), key=lambda p: p.share))[:most]
+
 
 @dataclass(frozen=True)
 class Replication:
@@ -225,10 +241,8 @@ class Replication:
 
     @property
     def least_stable(self) -> tuple[Part, ...]:
-        """The parts that come out the same on fewer than TURNS_ON of fresh seed sets, least first
-        (at most three)."""
-        weak = (p for p in self.parts if p.share < TURNS_ON)
-        return tuple(sorted(weak, key=lambda p: p.share))[:3]
+        """At most three parts that fresh seed sets fail to repeat (the module's least_stable)."""
+        return least_stable(self.parts)
 
     @property
     def stable(self) -> bool:
@@ -282,4 +296,4 @@ def replication(
 
 
 __all__ = ["DRAWS", "STABLE", "STATE_NAMES", "TURNS_ON", "VERDICT_CODES", "Draws", "Part", "Replication", "decide",
-           "fresh_draws", "holm_rows", "observed", "replication"]  # fmt: skip
+           "fresh_draws", "holm_rows", "least_stable", "observed", "replication"]  # fmt: skip
