@@ -12,7 +12,7 @@ from poslens._config import ANALYSIS_PRECISIONS, AUTO, experiment_sets, one_of, 
 from poslens.errors import ConfigError
 from poslens.experiments import EXPERIMENTS
 from poslens.limits import check_count
-from poslens.study.claims import models_read
+from poslens.study.claims import models_read, study_models, trained_controls
 from poslens.training.config import PRESETS as MODEL_PRESETS
 
 PRESETS = ("quick", "default", "paper")
@@ -266,17 +266,12 @@ def config_hash(d: dict[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-# The study models and the calibration models of every claim (study/claims/): mechanism present
-# (positive) or absent (negative) by design. Each is trained with every seed.
-STUDY_MODELS = ("ape", "rope_axial", "rope_mixed")
-CALIBRATION_MODELS = (
-    "ape_rowcol",
-    "ape_cell",
-    "ape_shuffled",
-    "rope_oblique",
-    "rope_rebuild",
-    "rope_late",
-)
+# The study models and the calibration models of every claim, derived from the rules
+# (study/claims/): mechanism present (positive) or absent (negative) by design. Each is trained
+# with every seed; the paper preset also trains the optional ones (sincos).
+STUDY_MODELS = study_models()
+CALIBRATION_MODELS = trained_controls()
+ALL_CALIBRATION_MODELS = trained_controls(optional=True)
 
 
 def claims_only(models: tuple[str, ...], experiments: tuple[str, ...]) -> tuple[str, ...]:
@@ -418,7 +413,7 @@ def preset(name: str, **changes: Any) -> StudyConfig:
     else:  # the original protocol's sizes, for a GPU
         cfg = StudyConfig(
             preset="paper",
-            models=(*STUDY_MODELS, "sincos", *CALIBRATION_MODELS),
+            models=(*STUDY_MODELS, *ALL_CALIBRATION_MODELS),
             seeds=5,
             train_set=('train.precision="fp32"',),
             experiments=EXPERIMENTS,
@@ -433,6 +428,7 @@ def preset(name: str, **changes: Any) -> StudyConfig:
 
 
 __all__ = [
+    "ALL_CALIBRATION_MODELS",
     "CALIBRATION_MODELS",
     "CORE",
     "PRESETS",

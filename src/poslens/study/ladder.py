@@ -39,6 +39,7 @@ from poslens.experiments import sae_causal as sae
 from poslens.io import atomic_write, jsonable, locked, write_json
 from poslens.limits import check_count
 from poslens.report.ladder import SCHEMA
+from poslens.study.claims import rebuild
 from poslens.study.config import StudyConfig, preset
 from poslens.study.ladder_figures import AXES, ladder_figures
 from poslens.study.plan import experiment_configs, run_config
@@ -53,7 +54,8 @@ LADDER_BASES = ("default", "quick")  # the preset each rung starts from (quick: 
 PATCH = 4  # the study's patch size: a G x G grid is G * PATCH pixels
 # The original's ViT-B/16 on each numeric axis (METHODS.md, "Orientation"), marked in the figures
 VIT_B = {"grid": 14, "width": 768, "depth": 12}
-REBUILD_CONTROLS = ("rope_rebuild", "rope_late")  # trained: no weight edit plants rebuilding
+# trained: no weight edit plants rebuilding (the rebuild rules' own control models)
+REBUILD_CONTROLS = tuple(c.model for c in rebuild.REBUILD_CONTROLS)
 
 
 @dataclass(frozen=True)

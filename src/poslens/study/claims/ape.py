@@ -204,22 +204,27 @@ def _ape_downstream() -> Reference:
 
 RULES = (
     Rule(
-        "ape_explicit_features",
-        ORIGINAL,
-        APE_TITLE,
-        "zeroing the SAE's row and column latents moves the exact probe at the SAE's site toward "
+        claim="ape_explicit_features",
+        level=ORIGINAL,
+        title=APE_TITLE,
+        statement="zeroing the SAE's row and column latents moves the exact probe at the SAE's site toward "
         "chance beyond matched random latents",
-        Needs((E_SAE,)),
-        "additive",
-        ape_site_effect,
-        "drop toward chance of the exact probe at the SAE's site (fitted on intact activations) "
+        needs=Needs((E_SAE,)),
+        family="additive",
+        effect=ape_site_effect,
+        effect_name="drop toward chance of the exact probe at the SAE's site (fitted on intact activations) "
         "when the row and column latents are zeroed, beyond matched random latents",
-        0.10,
-        "about a third of the original's 0.33 (the rule on its published numbers)",
+        threshold=0.10,
+        threshold_source="about a third of the original's 0.33 (the rule on its published numbers)",
         study=("ape",),
         controls=(
             Control("ape_rowcol", "positive", PLANTED_ROWCOL),
-            Control("sincos", "positive", "a fixed 2-D sinusoidal table: row and column channels"),
+            Control(
+                "sincos",
+                "positive",
+                "a fixed 2-D sinusoidal table: row and column channels",
+                optional=True,
+            ),
             Control(
                 "ape_cell",
                 "negative",
@@ -236,19 +241,19 @@ RULES = (
         reference=_ape,
     ),
     Rule(
-        "ape_explicit_features",
-        SHARPER,
-        APE_TITLE,
-        "the model downstream loses accuracy when the row and column latents carry another "
+        claim="ape_explicit_features",
+        level=SHARPER,
+        title=APE_TITLE,
+        statement="the model downstream loses accuracy when the row and column latents carry another "
         "position, beyond carrying their own position from another image",
-        Needs((E_SAE, "position_removal"), removal=(position_removal.TABLE_KIND,)),
-        "additive",
-        ape_downstream_effect,
-        "accuracy lost when the row and column latents of an SAE at block 0's raw residual take "
+        needs=Needs((E_SAE, "position_removal"), removal=(position_removal.TABLE_KIND,)),
+        family="additive",
+        effect=ape_downstream_effect,
+        effect_name="accuracy lost when the row and column latents of an SAE at block 0's raw residual take "
         "their values from another position of the same image, beyond the same position of "
         "another image (+error both)",
-        0.05,
-        "about a fifth of the original's 0.248 (top-1 80.8 with the latents from the same "
+        threshold=0.05,
+        threshold_source="about a fifth of the original's 0.248 (top-1 80.8 with the latents from the same "
         "position of another image against 56.0 from another position of the same image)",
         study=("ape",),
         controls=(

@@ -128,7 +128,7 @@ class Control:
     control plants or removes, in a phrase. `edit`: an in-situ control instead of a trained
     model: each judged model under that weight edit (interventions.in_situ), `model` empty.
     `model` EACH: the null `effect` read in each judged model itself ("rope_axial, random
-    head"), trained or pretrained."""
+    head"), trained or pretrained. `optional`: a trained control only some presets train."""
 
     model: str
     role: str
@@ -136,6 +136,9 @@ class Control:
     effect: Callable[[View], Effect] | None = None
     label: str = ""
     edit: str = ""
+    # a trained control the laptop presets leave out (the paper preset trains it): the level
+    # is calibrated without it, and judged on it where a study trains it
+    optional: bool = False
 
     @property
     def name(self) -> str:
@@ -190,7 +193,7 @@ def union(needs: Iterable[Needs]) -> Needs:
     return functools.reduce(operator.or_, needs, NEEDS_NOTHING)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Rule:
     """One level of one claim: its primary effect per seed must exceed `threshold` (one-sided
     t-test over seeds); judged on `study` models, calibrated on `controls`. `needs`: what its

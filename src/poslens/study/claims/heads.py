@@ -118,17 +118,17 @@ def _heads_axis() -> Reference:
 
 RULES = (
     Rule(
-        "heads_rebuild",
-        ORIGINAL,
-        HEADS_TITLE,
-        "the top rebuilder head (ranked on half the images) costs more accuracy after the "
+        claim="heads_rebuild",
+        level=ORIGINAL,
+        title=HEADS_TITLE,
+        statement="the top rebuilder head (ranked on half the images) costs more accuracy after the "
         "window than the same head costs in the intact model (on the other half)",
-        Needs(("heads",)),
-        "rotary",
-        heads_excess_effect,
-        "held-out accuracy the top head costs after the window minus in the intact model",
-        0.02,
-        "about half the original's 0.038 (top-1 4.30 points lost after the window against 0.50 "
+        needs=Needs(("heads",)),
+        family="rotary",
+        effect=heads_excess_effect,
+        effect_name="held-out accuracy the top head costs after the window minus in the intact model",
+        threshold=0.02,
+        threshold_source="about half the original's 0.038 (top-1 4.30 points lost after the window against 0.50 "
         "in the intact model)",
         study=("rope_axial",),
         controls=(
@@ -152,18 +152,18 @@ RULES = (
         reference=_heads,
     ),
     Rule(
-        "heads_rebuild",
-        SHARPER,
-        HEADS_TITLE,
-        "heads' rebuilding follows their axis: a head's preference for rebuilding after a "
+        claim="heads_rebuild",
+        level=SHARPER,
+        title=HEADS_TITLE,
+        statement="heads' rebuilding follows their axis: a head's preference for rebuilding after a "
         "row-only vs a column-only window correlates with its attention's axis specialization",
-        Needs(("heads",)),
-        "rotary",
-        heads_effect,
-        "correlation, over the later blocks' heads, of each head's scale-free preference for "
+        needs=Needs(("heads",)),
+        family="rotary",
+        effect=heads_effect,
+        effect_name="correlation, over the later blocks' heads, of each head's scale-free preference for "
         "rebuilding after a row-only vs a column-only window with its axis specialization",
-        0.2,
-        "a correlation of 0.2 over the heads: between Cohen's small (0.1) and medium (0.3); the "
+        threshold=0.2,
+        threshold_source="a correlation of 0.2 over the heads: between Cohen's small (0.1) and medium (0.3); the "
         "original did not test this level",
         study=("rope_axial",),
         controls=(

@@ -50,16 +50,16 @@ def _position() -> Reference:
 
 RULES = (
     Rule(
-        "position_matters",
-        ORIGINAL,
-        POSITION_TITLE,
-        "removing every positional signal from the trained weights costs accuracy",
-        Needs(("position_removal",), passes=ACCURACY),
-        "any",
-        position_effect,
-        "accuracy lost when every positional signal is removed from the same weights",
-        0.10,
-        "about a fifth of the original's 0.46 accuracy lost without position",
+        claim="position_matters",
+        level=ORIGINAL,
+        title=POSITION_TITLE,
+        statement="removing every positional signal from the trained weights costs accuracy",
+        needs=Needs(("position_removal",), passes=ACCURACY),
+        family="any",
+        effect=position_effect,
+        effect_name="accuracy lost when every positional signal is removed from the same weights",
+        threshold=0.10,
+        threshold_source="about a fifth of the original's 0.46 accuracy lost without position",
         study=("ape", "rope_axial", "rope_mixed"),
         controls=(
             Control("ape_rowcol", "positive", PLANTED_ROWCOL + ", which the model learned to use"),

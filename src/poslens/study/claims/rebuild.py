@@ -139,17 +139,17 @@ def _rebuild() -> Reference:
 
 RULES = (
     Rule(
-        "rope_rebuilds",
-        ORIGINAL,
-        REBUILD_TITLE,
-        "after rotations are withheld in the first blocks, the final RPI-SSDC returns to much "
+        claim="rope_rebuilds",
+        level=ORIGINAL,
+        title=REBUILD_TITLE,
+        statement="after rotations are withheld in the first blocks, the final RPI-SSDC returns to much "
         "(over half) of the intact model's",
-        Needs(("windows",), passes=UNDER_RPI),
-        "rotary",
-        rebuild_retention_effect,
-        "final RPI-SSDC retention after the withheld window (0 floor, 1 intact)",
-        0.5,
-        "the claim's own wording (over half of the intact model's; the original measured 0.71)",
+        needs=Needs(("windows",), passes=UNDER_RPI),
+        family="rotary",
+        effect=rebuild_retention_effect,
+        effect_name="final RPI-SSDC retention after the withheld window (0 floor, 1 intact)",
+        threshold=0.5,
+        threshold_source="the claim's own wording (over half of the intact model's; the original measured 0.71)",
         study=("rope_axial",),
         controls=(*REBUILD_CONTROLS, *FINETUNE_CONTROLS),
         would_change="Final RPI-SSDC retention after the window at most one half.",
@@ -160,18 +160,18 @@ RULES = (
         reference=_rebuild_retention,
     ),
     Rule(
-        "rope_rebuilds",
-        SHARPER,
-        REBUILD_TITLE,
-        "the later blocks add more after the window than they add in the intact model "
+        claim="rope_rebuilds",
+        level=SHARPER,
+        title=REBUILD_TITLE,
+        statement="the later blocks add more after the window than they add in the intact model "
         "(compensation beyond their ordinary contribution), in correct-class margin",
-        Needs(("windows",), passes=UNDER_RPI),
-        "rotary",
-        rebuild_effect,
-        "compensation: what the later blocks add after the withheld window minus what they add in "
+        needs=Needs(("windows",), passes=UNDER_RPI),
+        family="rotary",
+        effect=rebuild_effect,
+        effect_name="compensation: what the later blocks add after the withheld window minus what they add in "
         "the intact model, as a share of intact-minus-floor margin",
-        0.05,
-        f"about a quarter of the original's +{REBUILD_COMPENSATION} compensation (in RPI-SSDC units; "
+        threshold=0.05,
+        threshold_source=f"about a quarter of the original's +{REBUILD_COMPENSATION} compensation (in RPI-SSDC units; "
         "the original did not measure margin)",
         study=("rope_axial", "rope_mixed"),
         controls=(*REBUILD_CONTROLS, *FINETUNE_CONTROLS),

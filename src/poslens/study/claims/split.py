@@ -150,21 +150,21 @@ def _axial_only() -> Reference:
 
 RULES = (
     Rule(
-        "rope_planes_split",
-        ORIGINAL,
-        SPLIT_TITLE,
-        "on axial RoPE: removing one axis's planes keeps the other axis (fixed probes) beyond "
+        claim="rope_planes_split",
+        level=ORIGINAL,
+        title=SPLIT_TITLE,
+        statement="on axial RoPE: removing one axis's planes keeps the other axis (fixed probes) beyond "
         "removing as many random planes per head",
-        Needs(
+        needs=Needs(
             ("position_removal", "axis_map"),
             removal=(position_removal.AXIS_KIND, position_removal.RANDOM_AXIS_KIND),
         ),
-        "rotary",
-        rope_split_effect,
-        "retention of the other axis's fixed probe after one axis's planes are removed, minus "
+        family="rotary",
+        effect=rope_split_effect,
+        effect_name="retention of the other axis's fixed probe after one axis's planes are removed, minus "
         "either axis's retention after as many random planes",
-        0.10,
-        "a tenth of the original's 0.94 (random planes' RPI-SSDC standing in for their probes)",
+        threshold=0.10,
+        threshold_source="a tenth of the original's 0.94 (random planes' RPI-SSDC standing in for their probes)",
         study=("rope_axial",),
         controls=(
             Control(
@@ -190,17 +190,17 @@ RULES = (
         reference=_split,
     ),
     Rule(
-        "rope_planes_split",
-        SHARPER,
-        SPLIT_TITLE,
-        "learned-frequency RoPE: do the learned planes come to follow the axes (against their "
+        claim="rope_planes_split",
+        level=SHARPER,
+        title=SPLIT_TITLE,
+        statement="learned-frequency RoPE: do the learned planes come to follow the axes (against their "
         "initialisation)? Descriptive",
-        Needs(("axis_map",)),
-        "rotary",
-        rope_alignment_effect,
-        "share of axis-aligned planes after training minus at initialisation",
-        0.0,
-        "descriptive: no threshold is tested",
+        needs=Needs(("axis_map",)),
+        family="rotary",
+        effect=rope_alignment_effect,
+        effect_name="share of axis-aligned planes after training minus at initialisation",
+        threshold=0.0,
+        threshold_source="descriptive: no threshold is tested",
         study=("rope_mixed",),
         controls=(),
         would_change="Descriptive: no verdict.",
