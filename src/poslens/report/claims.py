@@ -85,6 +85,8 @@ def claim_rows(claims: Sequence[ClaimResult]) -> list[tuple[ClaimResult, list[st
         level = str(cl.level_name or NONE)
         if cl.statement:
             level += f": {cl.statement}"
+        if cl.fingerprint:
+            level += f" (design {cl.fingerprint})"
         rows.append((cl, [title, level, verdict_label(cl), reference_cell(cl), str(cl.summary),
                           measured_cell(cl), power_cell(cl)]))  # fmt: skip
     return rows
@@ -120,8 +122,12 @@ def claim_sections(cl: ClaimResult) -> list[tuple[str, list[str]]]:
         f"sensitivity {fmt_value(cal.sensitivity)}, specificity {fmt_value(cal.specificity)}; "
         + ("passed" if cal.passed else "not passed")
     )
+    design = ([f"Design fingerprint {cl.fingerprint}: its rule, the decision's constants and "
+               "the configs of the models and experiments it reads (not its seeds); a run with "
+               "the same fingerprint ran the same design (docs/preregistration.md)."]
+              if cl.fingerprint else [])  # fmt: skip
     return [
-        ("What this level tests", [cl.statement] if cl.statement else []),
+        ("What this level tests", ([cl.statement] if cl.statement else []) + design),
         ("Primary test", list(cl.evidence)),
         ("Threshold, power and replication", power_lines(cl)),
         ("Secondary numbers", list(cl.notes or [])),

@@ -33,9 +33,10 @@ from poslens.interventions import in_situ
 from poslens.metrics.stats import SeedTest, holm, seed_test
 from poslens.study.claims import EACH, LEVELS, RULES, Control, Effect, Rule, View
 from poslens.study.config import StudyConfig
+from poslens.study.fingerprint import design, fingerprint_of
 from poslens.study.power import MAX_SEEDS, POWER, Power, level_power
 from poslens.study.reference import reference_check
-from poslens.study.replication import VERDICT_CODES, Outcome, observed, replication
+from poslens.study.replication import DRAWS, STABLE, VERDICT_CODES, Outcome, observed, replication
 from poslens.study.result import (
     Calibration,
     ClaimResult,
@@ -67,6 +68,18 @@ PRETRAINED_CAVEAT = (
 )
 
 Models = dict[str, dict[str, Any]]
+# the decision's constants, part of every level's design (study/fingerprint.py)
+DECISION = {"alpha": ALPHA, "min_seeds": MIN_SEEDS, "stable": STABLE, "draws": DRAWS}
+
+
+def level_design(rule: Rule, cfg: StudyConfig) -> dict[str, Any]:
+    """The level's design as data: what its fingerprint hashes and the preregistration lists."""
+    return design(rule, cfg, DECISION)
+
+
+def level_fingerprint(rule: Rule, cfg: StudyConfig) -> str:
+    """The fingerprint of the level's design under `cfg` (not of its seeds)."""
+    return fingerprint_of(level_design(rule, cfg))
 
 
 @dataclass
@@ -198,7 +211,8 @@ def evaluate_claims(models: Models, cfg: StudyConfig | None = None) -> list[Clai
         family = [*study, *controls]
         for j, p in zip(family, holm([j.test.p for j in family]), strict=True):
             j.p_holm = p
-        out.append(_claim(rule, study, controls, pretrained, views))
+        fingerprint = None if cfg is None else level_fingerprint(rule, cfg)
+        out.append(_claim(rule, study, controls, pretrained, views, fingerprint))
     return out
 
 
@@ -373,6 +387,7 @@ def _claim(
     controls: list[Judged],
     pretrained: bool,
     views: dict[str, View],
+    fingerprint: str | None = None,
 ) -> ClaimResult:
     cal = _calibration(rule, controls)
     measured = {j.model: Measured(j.test.n, j.seeds, j.effect.reasons() or None, j.effect.gate)
@@ -469,8 +484,9 @@ def _claim(
         calibration=cal,
         would_change=rule.would_change,
         reference=Reference.from_dict(reference_check(rule), "reference"),
+        fingerprint=fingerprint,
     )
 
 
-__all__ = ["ALPHA", "DESCRIPTIVE", "FAILED_CALIBRATION", "FRAGILE", "INCONCLUSIVE", "MIN_SEEDS", "NOT_SUPPORTED", "NO_POWER",
-           "SUPPORTED", "VERDICTS", "detectable", "evaluate_claims"]  # fmt: skip
+__all__ = ["ALPHA", "DECISION", "DESCRIPTIVE", "FAILED_CALIBRATION", "FRAGILE", "INCONCLUSIVE", "MIN_SEEDS", "NOT_SUPPORTED", "NO_POWER",
+           "SUPPORTED", "VERDICTS", "detectable", "evaluate_claims", "level_design", "level_fingerprint"]  # fmt: skip

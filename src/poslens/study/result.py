@@ -264,6 +264,8 @@ class ClaimResult:
     threshold_source: str | None = None
     power: Record | None = None  # study/power.py's record; None for a descriptive level
     replication: Record | None = None  # study/replication.py's; None without a decided test
+    # the level's design fingerprint (study/fingerprint.py); None in results written before it
+    fingerprint: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The claim as results.json holds it (keys in the order judge has always written)."""
@@ -279,7 +281,7 @@ class ClaimResult:
                 "models": list(self.models), "seeds": self.seeds}  # fmt: skip
         if self.measured is not None:
             out["measured"] = {m: x.to_dict() for m, x in self.measured.items()}
-        out = _some(out, threshold_source=self.threshold_source)
+        out = _some(out, threshold_source=self.threshold_source, fingerprint=self.fingerprint)
         return out | {
             "power": None if self.power is None else dict(self.power),
             "replication": None if self.replication is None else dict(self.replication),
@@ -318,6 +320,7 @@ class ClaimResult:
             notes=None if notes is None else _list(notes, f"{where}: notes"),
             measured=measured, threshold_source=d.get("threshold_source"),
             power=d.get("power"), replication=d.get("replication"),
+            fingerprint=d.get("fingerprint"),
         )  # fmt: skip
 
 
