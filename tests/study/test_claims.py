@@ -37,6 +37,7 @@ from poslens.study.judge import (
     evaluate_claims,
 )
 from poslens.study.reference import CHECKS, NOT_COMPARABLE, reference_check
+from poslens.study.verdicts import NOT_REPRODUCED, NOT_SPECIFIC, REPRODUCES, SPECIFIC
 
 SEEDS = MIN_SEEDS
 Agg = dict[str, dict[str, list[float]]]
@@ -155,19 +156,20 @@ def models(**kw: Agg) -> dict[str, dict[str, Any]]:
 
 
 def calibrated() -> dict[str, dict[str, Any]]:
-    """Every rule's study models and controls, with numbers that make each level supported (and
-    every control come out as designed, none of them degenerate)."""
+    """Every rule's study models and controls, with numbers that make each sharper level
+    supported and each original level reproduce, specific (every control comes out as designed,
+    none of them degenerate; the negatives shown below their thresholds)."""
     return models(
         ape=merge(sae_numbers(0.6, 0.1), removal(0.95, 0.25)),
         ape_rowcol=merge(sae_numbers(0.7, 0.1, 0.4), removal(0.9, 0.3)),
-        ape_cell=sae_numbers(0.05, 0.02),
+        ape_cell=sae_numbers(0.0, 0.02),
         ape_shuffled=merge(sae_numbers(0.6, 0.1, 0.0), removal(0.3, 0.3)),
-        rope_axial=merge(split(1.0, 0.4), windows(0.8, 0.3), heads(0.2, 0.0, 0.6),
+        rope_axial=merge(split(1.0, 0.4), windows(0.8, 0.3), heads(0.2, -0.1, 0.6),
                          removal(0.97, 0.17)),
         rope_mixed=merge(alignment(0.3, 0.1), windows(0.8, 0.3), removal(0.96, 0.2)),
         rope_oblique=split(0.35, 0.4, aligned=0.0, pre=1.0),
         rope_rebuild=merge(split(0.9, 0.3), windows(0.9, 0.5), heads(0.3, 0.0, 0.8)),
-        rope_late=merge(windows(0.2, 0.0), heads(0.0, 0.0, 0.0)),
+        rope_late=merge(windows(0.2, 0.0), heads(-0.1, 0.0, 0.0)),
     )  # fmt: skip
 
 
@@ -190,8 +192,11 @@ def test_every_claim_has_both_levels_in_order() -> None:
 
 
 def test_the_calibrated_numbers_support_every_level() -> None:
-    got = {c["id"]: c["verdict"] for c in judged(calibrated())}
-    want = {r.id: DESCRIPTIVE if r.descriptive else SUPPORTED for r in RULES}
+    """Sharper levels decide the mechanism (supported); original levels answer whether the
+    published observation reproduces, with their measure's specificity."""
+    got = {c["id"]: (c["verdict"], c["qualifier"]) for c in judged(calibrated())}
+    want = {r.id: (DESCRIPTIVE, None) if r.descriptive else (SUPPORTED, None) if r.level == SHARPER
+            else (REPRODUCES, SPECIFIC) for r in RULES}  # fmt: skip
     assert got == want
     for c in judged(calibrated()):
         if c["verdict"] == DESCRIPTIVE:
@@ -212,12 +217,16 @@ def test_ape_original_reads_the_site_probe_and_its_negative_is_the_cell_code() -
     c = claim(judged(ms), "ape_explicit_features.original")
     assert c["primary"]["models"]["ape"]["mean"] == pytest.approx(0.5)
     # a study model whose row/column latents move the probe no more than matched ones
-    ms["ape"] = entry("ape", sae_numbers(0.12, 0.1))
-    assert claim(judged(ms), "ape_explicit_features.original")["verdict"] == NOT_SUPPORTED
-    # an instrument that also "detects" the cell code fails calibration: no verdict
+    ms["ape"] = entry("ape", sae_numbers(0.1, 0.1))
+    c = claim(judged(ms), "ape_explicit_features.original")
+    assert (c["verdict"], c["qualifier"]) == (NOT_REPRODUCED, SPECIFIC), c["summary"]
+    # a measure that also "detects" the cell code is not specific: a finding about the measure,
+    # stated beside the outcome (the outcome itself still reads the study model)
+    ms["ape"] = calibrated()["ape"]
     ms["ape_cell"] = entry("ape", sae_numbers(0.8, 0.1))
     c = claim(judged(ms), "ape_explicit_features.original")
-    assert c["verdict"] == FAILED_CALIBRATION and "ape_cell" in c["summary"]
+    assert (c["verdict"], c["qualifier"]) == (REPRODUCES, NOT_SPECIFIC), c["summary"]
+    assert "Not specific: ape_cell" in c["summary"]
 
 
 def test_ape_levels_can_disagree_decodable_but_unused() -> None:
@@ -227,7 +236,7 @@ def test_ape_levels_can_disagree_decodable_but_unused() -> None:
     ms["ape"] = entry("ape", merge(sae_numbers(0.6, 0.1, acc=0.0, spread=0.005),
                                     removal(0.95, 0.25)))  # fmt: skip
     claims = judged(ms)
-    assert claim(claims, "ape_explicit_features.original")["verdict"] == SUPPORTED
+    assert claim(claims, "ape_explicit_features.original")["verdict"] == REPRODUCES
     assert claim(claims, "ape_explicit_features.sharper")["verdict"] == NOT_SUPPORTED
     # the shuffled negative control detected (it uses its table after all): calibration fails
     ms = calibrated()
@@ -281,8 +290,10 @@ def test_no_row_column_latents_is_missing_with_its_reason_not_a_zero() -> None:
     ms = calibrated()
     ms["ape_cell"] = entry("ape", {"sae_causal": none})
     c = claim(judged(ms), "ape_explicit_features.original")
-    assert c["calibration"]["sensitivity_only"] and c["verdict"] == SUPPORTED
+    assert c["calibration"]["sensitivity_only"] and c["verdict"] == REPRODUCES
     assert any("sensitivity only" in x for x in c["caveats"])
+    # no negative control measured: specificity is not shown, so not assumed
+    assert c["qualifier"] == NOT_SPECIFIC and "Specificity not shown" in c["summary"]
 
 
 def test_fewer_than_five_seeds_is_inconclusive() -> None:
@@ -304,22 +315,28 @@ def test_a_rule_without_its_controls_gives_no_verdict() -> None:
 def test_position_matters_against_position_present_but_unusable() -> None:
     ms = calibrated()
     c = claim(judged(ms), "position_matters.original")
-    assert c["verdict"] == SUPPORTED and set(c["models"]) == {"ape", "rope_axial", "rope_mixed"}
+    assert c["verdict"] == REPRODUCES and set(c["models"]) == {"ape", "rope_axial", "rope_mixed"}
     ms["rope_axial"] = entry("rope_axial", removal(0.9, 0.89))  # 1 point: below the threshold
     c = claim(judged(ms), "position_matters.original")
-    assert c["verdict"] == NOT_SUPPORTED and "rope_axial" in c["summary"]
-    assert "Not observed in these models" in c["summary"]
+    assert c["verdict"] == INCONCLUSIVE and "rope_axial" in c["summary"]  # one of three models
+    none = {"position_removal": {pr.key(pr.INTACT, "accuracy"): jitter(0.9, spread=0.005),
+                                 pr.key(pr.FLOOR, "accuracy"): [0.9] * SEEDS}}  # fmt: skip
+    for m in ("ape", "rope_axial", "rope_mixed"):  # no point lost in any of them
+        ms[m] = entry(m, none)
+    c = claim(judged(ms), "position_matters.original")
+    assert c["verdict"] == NOT_REPRODUCED and "Does not reproduce" in c["summary"]
 
 
 def test_split_original_is_judged_on_axial_rope_against_oblique_pre_rotation_axes() -> None:
     ms = calibrated()
     c = claim(judged(ms), "rope_planes_split.original")
-    assert c["models"] == ["rope_axial"] and c["verdict"] == SUPPORTED
+    assert c["models"] == ["rope_axial"] and c["verdict"] == REPRODUCES
     ctrl = next(x for x in c["calibration"]["controls"] if x["model"] == "rope_oblique")
     assert ctrl["measured"] and not ctrl["detected"]  # measured, not gated: it could have failed
-    # the other axis survives worse than under random planes: not supported
+    assert ctrl["as_designed"] and ctrl["test"]["upper"] < 0.1  # shown below the threshold
+    # the other axis survives worse than under random planes: does not reproduce
     ms["rope_axial"] = entry("rope_axial", split(0.1, 0.4))
-    assert claim(judged(ms), "rope_planes_split.original")["verdict"] == NOT_SUPPORTED
+    assert claim(judged(ms), "rope_planes_split.original")["verdict"] == NOT_REPRODUCED
     # oblique planes whose axes came from the angle tensors: the gate closes every seed, an
     # outcome ("nothing to split"), not an effect of 0; the negative control is then degenerate
     ms["rope_oblique"] = entry("rope_axial", split(0.35, 0.4, aligned=0.0, pre=0.0))
@@ -348,14 +365,20 @@ def test_rebuild_levels_read_retention_then_compensation() -> None:
     ms["rope_axial"] = entry("rope_axial", windows(0.8, line))
     ms["rope_mixed"] = entry("rope_mixed", windows(0.8, line))
     claims = judged(ms)
-    assert claim(claims, "rope_rebuilds.original")["verdict"] == SUPPORTED
+    assert claim(claims, "rope_rebuilds.original")["verdict"] == REPRODUCES
     b = claim(claims, "rope_rebuilds.sharper")
     assert b["verdict"] == INCONCLUSIVE and b["qualifier"] == NO_POWER
     ms["rope_axial"] = entry("rope_axial", windows(0.3, -0.3))
     ms["rope_mixed"] = entry("rope_mixed", windows(0.3, -0.3))
     claims = judged(ms)
-    assert claim(claims, "rope_rebuilds.original")["verdict"] == NOT_SUPPORTED
+    assert claim(claims, "rope_rebuilds.original")["verdict"] == NOT_REPRODUCED
     assert claim(claims, "rope_rebuilds.sharper")["verdict"] == NOT_SUPPORTED
+    # a negative that rotates reads over half too: the retention reproduces, but not specifically
+    ms = calibrated()
+    ms["rope_late"] = entry("rope_axial", merge(windows(0.5, 0.0), heads(-0.1, 0.0, 0.0)))
+    a = claim(judged(ms), "rope_rebuilds.original")
+    assert (a["verdict"], a["qualifier"]) == (REPRODUCES, NOT_SPECIFIC)
+    assert "Not specific: rope_late" in a["summary"] and "reads 0.50" in a["summary"]
 
 
 def test_a_positive_control_that_fails_its_held_out_window_fails_calibration() -> None:
@@ -369,7 +392,7 @@ def test_a_positive_control_that_fails_its_held_out_window_fails_calibration() -
 def test_heads_original_has_a_random_head_null_built_inside_the_study_model() -> None:
     ms = calibrated()
     c = claim(judged(ms), "heads_rebuild.original")
-    assert c["verdict"] == SUPPORTED
+    assert c["verdict"] == REPRODUCES
     null = next(x for x in c["calibration"]["controls"] if x["model"] == "rope_axial, random head")
     assert null["role"] == "negative" and null["measured"] and not null["detected"]
     # every head costs more after the window (the null shows an excess): calibration fails
@@ -377,7 +400,7 @@ def test_heads_original_has_a_random_head_null_built_inside_the_study_model() ->
         mean_se(jitter(0.15))
     )
     c = claim(judged(ms), "heads_rebuild.original")
-    assert c["verdict"] == FAILED_CALIBRATION and "random head" in c["summary"]
+    assert c["qualifier"] == NOT_SPECIFIC and "random head" in c["summary"]
 
 
 def test_heads_sharper_shows_the_same_correlation_in_rpi_ssdc_beside_it() -> None:
@@ -401,14 +424,18 @@ def test_heads_sharper_shows_the_same_correlation_in_rpi_ssdc_beside_it() -> Non
 
 
 def test_holm_is_one_family_per_level() -> None:
+    """A level's study models and controls share one Holm correction; an original level's
+    negative controls, read by their upper bounds for specificity, stand outside it."""
     assert holm([0.01, 0.04, 0.03, 0.5]) == pytest.approx([0.04, 0.09, 0.09, 0.5])
     for c in judged(calibrated()):
-        tests = [
-            *c["primary"]["models"].values(),
-            *(x["test"] for x in c["calibration"]["controls"]),
-        ]
+        outside = [x["test"] for x in c["calibration"]["controls"]
+                   if c["level"] == ORIGINAL and x["role"] == "negative"]  # fmt: skip
+        tests = [*c["primary"]["models"].values(),
+                 *(x["test"] for x in c["calibration"]["controls"]
+                   if not (c["level"] == ORIGINAL and x["role"] == "negative"))]  # fmt: skip
         p, p_holm = [t["p"] for t in tests], [t["p_holm"] for t in tests]
         assert p_holm == pytest.approx(holm(p), nan_ok=True), c["id"]
+        assert [t["p_holm"] for t in outside] == pytest.approx([t["p"] for t in outside])
 
 
 def test_seed_test_interval_and_p_value() -> None:
@@ -540,17 +567,30 @@ def test_a_control_with_no_spread_does_not_count() -> None:
 
 
 def test_a_failed_calibration_names_the_controls_that_failed_and_how() -> None:
-    """An undetected positive fails the rule; a degenerate negative beside it does not count, so
-    it is not named as a failure; the study model's effect is still given."""
+    """On a sharper level an undetected positive fails the rule; a degenerate negative beside it
+    does not count, so it is not named as a failure; the study model's effect is still given."""
+    ms = calibrated()
+    ms["ape_rowcol"] = entry("ape", sae_numbers(0.7, 0.1, acc=0.0))  # planted code unused
+    none = {sae.latents_key("table", "row"): [0.0] * SEEDS,
+            sae.latents_key("table", "col"): [0.0] * SEEDS}  # fmt: skip
+    ms["ape_shuffled"] = entry("ape", {"sae_causal": none})
+    c = claim(judged(ms), "ape_explicit_features.sharper")
+    assert c["verdict"] == FAILED_CALIBRATION, c["summary"]
+    assert "ape_rowcol (positive control) not detected: -0.00" in c["summary"]
+    assert "ape_shuffled" not in c["summary"] and "ape 0.30" in c["summary"]
+
+
+def test_an_original_level_needs_its_positive_only_to_say_it_does_not_reproduce() -> None:
+    """The published observation reproduces on the study model whatever the planted positive
+    does; a study model below the threshold reads "does not reproduce" only where the instrument
+    detected what it planted, else no power."""
     ms = calibrated()
     ms["ape_rowcol"] = entry("ape", sae_numbers(0.12, 0.1))  # planted code barely moves
-    none = {sae.latents_key("early", "row"): [0.0] * SEEDS,
-            sae.latents_key("early", "col"): [0.0] * SEEDS}  # fmt: skip
-    ms["ape_cell"] = entry("ape", {"sae_causal": none})
+    assert claim(judged(ms), "ape_explicit_features.original")["verdict"] == REPRODUCES
+    ms["ape"] = entry("ape", sae_numbers(0.1, 0.1))
     c = claim(judged(ms), "ape_explicit_features.original")
-    assert c["verdict"] == FAILED_CALIBRATION
-    assert "ape_rowcol (positive control) not detected: 0.02" in c["summary"]
-    assert "ape_cell" not in c["summary"] and "ape 0.50" in c["summary"]
+    assert (c["verdict"], c["qualifier"]) == (INCONCLUSIVE, NO_POWER), c["summary"]
+    assert "did not detect its planted positive (ape_rowcol 0.02)" in c["summary"]
 
 
 def test_the_heads_nulls_are_read_inside_each_judged_model_pretrained_too() -> None:
@@ -583,7 +623,7 @@ def test_a_negative_control_empty_in_some_seeds_is_set_aside_not_blocking() -> N
     agg[SITE_DROP] = [*agg[SITE_DROP][:2], None, *agg[SITE_DROP][3:]]
     ms |= models(**{"ape~table_cell": cell})
     c = claim(judged(ms), "ape_explicit_features.original")
-    assert c["verdict"] == SUPPORTED, c["summary"]
+    assert c["verdict"] == REPRODUCES, c["summary"]
     assert any(x.startswith("Set aside: negative control ape~table_cell") for x in c["caveats"])
     row = next(r for r in c["calibration"]["controls"] if r["model"] == "ape~table_cell")
     assert not row["measured"] and "no row or column latents" in row["not_measured"]

@@ -20,6 +20,7 @@ from poslens.study.judge import FRAGILE, INCONCLUSIVE, NO_POWER, SUPPORTED
 from poslens.study.power import detectable_shift, level_power, pooled_sd, seeds_to_decide
 from poslens.study.reference import CHECKS
 from poslens.study.replication import (
+    REPRODUCTION_CODES,
     STABLE,
     TURNS_ON,
     VERDICT_CODES,
@@ -31,6 +32,7 @@ from poslens.study.replication import (
     least_stable,
     replication,
 )
+from poslens.study.verdicts import NOT_SPECIFIC, REPRODUCES
 from tests.study.test_claims import (
     calibrated,
     claim,
@@ -106,8 +108,23 @@ def test_decide_orders_calibration_support_and_exclusion() -> None:
         VERDICT_CODES[2],
         VERDICT_CODES[3],
     ]
-    # each test's state: a study model below the floor is excluded (row 4), a control never is
-    assert state.tolist() == [[1, 1, 0], [1, 0, 0], [0, 1, 1], [2, 1, 0], [0, 1, 0]]
+    # each test's state: a study model below the floor is excluded (row 4), a negative control
+    # below the threshold shown below, a positive never either
+    assert state.tolist() == [[1, 1, 3], [1, 0, 3], [0, 1, 1], [2, 1, 3], [0, 1, 3]]
+    # an original level: reproduces whatever its positive does (row 2), does not reproduce only
+    # with its positive detected (row 4), each specific where the negative is shown below
+    codes, _ = decide(0.1, roles, detected, lower, upper, original=True)
+    assert [REPRODUCTION_CODES[c] for c in codes] == [
+        "reproduces (specific)", "reproduces (specific)", "inconclusive (no power)",
+        "does not reproduce (specific)", "inconclusive (no power)"]  # fmt: skip
+    loud = upper.copy()
+    loud[:, 2] = 0.3  # the negative is not detected, but not shown below either
+    codes, state = decide(0.1, roles, detected, lower, loud, original=True)
+    assert [REPRODUCTION_CODES[c] for c in codes[[0, 3]]] == [
+        "reproduces (not specific)", "does not reproduce (not specific)"]  # fmt: skip
+    assert state[0, 2] == 0
+    no_negative, _ = decide(0.1, roles[:2], detected[:1, :2], lower[:1, :2], upper[:1, :2], True)
+    assert REPRODUCTION_CODES[no_negative[0]] == "reproduces (not specific)"  # never assumed
 
 
 def _level(study_mean: float, spread: float) -> list[Outcome]:
@@ -143,7 +160,7 @@ def test_a_fragile_verdict_names_the_test_it_turns_on() -> None:
     assert not rep.stable
     assert [(p.model, p.role, p.observed) for p in rep.parts] == [
         ("m", "study", "detected"), ("pos", "positive", "detected"),
-        ("neg", "negative", "not detected")]  # fmt: skip
+        ("neg", "negative", "shown below")]  # fmt: skip
     share = {p.model: p.share for p in rep.parts}
     assert share["m"] >= TURNS_ON and share["neg"] >= TURNS_ON and share["pos"] < STABLE
     assert [p.model for p in rep.least_stable] == ["pos"]  # the others repeat on over 99%
@@ -198,7 +215,8 @@ def test_every_claim_carries_power_threshold_source_and_replication() -> None:
             assert c["power"] is None and c["replication"] is None
             continue
         assert c["power"]["mde"] > rule.threshold and c["power"]["seeds"] == 5
-        assert c["replication"]["stable"] and c["verdict"] == SUPPORTED
+        want = REPRODUCES if rule.level == "original" else SUPPORTED
+        assert c["replication"]["stable"] and c["verdict"] == want
 
 
 def test_no_power_names_the_seeds_that_would_decide() -> None:
@@ -235,12 +253,19 @@ def test_the_calibration_record_and_the_verdict_agree() -> None:
     then (before the fragility check)."""
     ms = calibrated()
     ms["rope_axial"]["aggregate"]["heads"][hd_null_key()] = mean_se(jitter(0.15))
+    seen = set()
     for c in judged(ms):
         if c["verdict"] == "descriptive" or not c["calibration"]["complete"]:
+            continue
+        if c["level"] == "original":  # a negative not shown below: not specific, not a failure
+            loud = c["qualifier"] == NOT_SPECIFIC or "(not specific) on this" in c["summary"]
+            assert loud == (not c["calibration"]["passed"]), c["id"]
+            seen.add(loud)
             continue
         fragile = c["summary"].startswith("Fragile: instrument failed calibration")
         failed = c["verdict"] == "instrument failed calibration" or fragile
         assert failed == (not c["calibration"]["passed"]), c["id"]
+    assert seen == {True, False}  # the heads null made one original level not specific
 
 
 def hd_null_key() -> str:
@@ -260,26 +285,28 @@ def test_more_seeds_on_the_study_model_alone_decide_what_five_could_not() -> Non
 
     key = hd.held_out_key(UNITS, hd.EXCESS_ACCURACY)
 
-    def with_excess(n: int) -> dict[str, dict[str, object]]:
+    def with_excess(n: int, mean: float = 0.06) -> dict[str, dict[str, object]]:
         ms = calibrated()
         ms["rope_axial"] = entry("rope_axial", merge(split(1.0, 0.4, n=n), windows(0.8, 0.3, n),
-                                 heads(0.2, 0.0, 0.6, n), removal(0.97, 0.17, n)), n)  # fmt: skip
-        pattern = [0.06 + 0.04 * (((i * 7) % 5) - 2) / 2 for i in range(n)]  # 0.02 .. 0.10
+                                 heads(0.2, -0.1, 0.6, n), removal(0.97, 0.17, n)), n)  # fmt: skip
+        pattern = [mean + 0.04 * (((i * 7) % 5) - 2) / 2 for i in range(n)]  # mean +- 0.04
         ms["rope_axial"]["aggregate"]["heads"][str(key)] = mean_se(pattern)
         return ms
 
-    few = claim(judged(with_excess(5)), "heads_rebuild.original")
+    few = claim(judged(with_excess(5, 0.05)), "heads_rebuild.original")
     assert few["verdict"] == INCONCLUSIVE and few["qualifier"] == NO_POWER
     n = few["power"]["needed"]["rope_axial"]
     assert 5 < n <= 15 and f"--model-seeds rope_axial={n} for that model alone" in few["summary"]
+    few = claim(judged(with_excess(5)), "heads_rebuild.original")
+    assert few["verdict"] == INCONCLUSIVE and few["qualifier"] == FRAGILE
     more = claim(judged(with_excess(15)), "heads_rebuild.original")
     assert more["seeds"] == 15 and more["power"]["seeds"] == 15
     assert more["measured"]["rope_axial"]["seeds"] == 15
     late = next(line for line in more["controls"] if "control rope_late" in line)
-    assert "over 5 of 5 seeds measured" in late and "not detected (as designed)" in late
-    assert more["verdict"] == SUPPORTED and more["replication"]["stable"]
+    assert "over 5 of 5 seeds measured" in late and "shown below 0.02 (specific)" in late
+    assert more["verdict"] == REPRODUCES and more["replication"]["stable"]
     assert "fresh seed sets of the same sizes" in more["replication"]["text"]
     # a level judging several models redraws each at its own count: position's 5-seed models
     # are not redrawn at fewer seeds because rope_axial ran 15 (it read "fragile, 10%" before)
     position = claim(judged(with_excess(15)), "position_matters.original")
-    assert position["verdict"] == SUPPORTED and position["replication"]["probability"] > 0.99
+    assert position["verdict"] == REPRODUCES and position["replication"]["probability"] >= STABLE

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from poslens.errors import UserError
 from poslens.study.claims import EACH, Rule
 from poslens.study.claims.base import Control, Needs
 from poslens.study.config import StudyConfig
@@ -59,8 +60,13 @@ def rule_design(rule: Rule) -> dict[str, Any]:
 
 
 def _model_config(cfg: StudyConfig, model: str) -> dict[str, Any]:
-    """A trained model's config as the study would train it, without its seed."""
-    d = run_config(cfg, model, 0).to_dict()
+    """A trained model's config as the study would train it, without its seed (a control this
+    study's shape cannot build, e.g. a windowed control at depth 2: the reason, which is as much
+    the design)."""
+    try:
+        d = run_config(cfg, model, 0).to_dict()
+    except UserError as e:
+        return {"cannot_build": str(e)}
     d["train"] = {k: v for k, v in d["train"].items() if k not in NOT_DESIGN_TRAIN}
     return d
 

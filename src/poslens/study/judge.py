@@ -5,43 +5,56 @@ Per level: the primary effect per seed on each study model, measured or missing 
 (never a stand-in 0), the one-sided t-test of "the effect exceeds the rule's threshold" over the
 measured seeds with its one-sided 95% bounds, and the same rule on its controls (mechanism present
 / absent by design). A level's study models and controls are one Holm family, judged at the same
-level. The verdict, in order:
+level (an original level's negative controls are read by their upper bounds, outside it). The
+verdict, in order:
 
 - descriptive: a level that measures without claiming (its effect and interval only);
 - inconclusive: a model with fewer than MIN_SEEDS measured seeds (which seeds, and why), a test
   with no spread, or a rule whose controls were not all measured;
-- instrument failed calibration: a measured control did not come out as designed;
-- supported: every study model's effect exceeds the threshold (Holm-corrected);
-- not supported (not observed in these models): a study model's one-sided upper bound lies below
-  the smallest effect the rule is known to detect (the smaller of the threshold and the positive
+- a sharper level (the mechanism): instrument failed calibration (a measured control did not come
+  out as designed); supported (every study model's effect exceeds the threshold, Holm-corrected);
+  not supported (not observed in these models: a study model's one-sided upper bound lies below
+  the smallest effect the rule is known to detect, the smaller of the threshold and the positive
   controls' lower bounds);
+- an original level (does the published observation reproduce here?): reproduces (every study
+  model exceeds the threshold) or does not reproduce (every study model excluded, with its
+  positive controls detected), each qualified "specific" where every negative control is shown
+  below the threshold and "not specific" otherwise (a model built without the mechanism reads as
+  much: a finding about the original's measure);
 - otherwise inconclusive (no power), with the numbers and the seeds that would decide it.
 
-The last four come from `replication.decide`, which also decides every replication draw; a
-supported, not supported or failed-calibration verdict that fresh seed sets would not replicate
-(replication.STABLE) reads inconclusive (fragile). Every level states its threshold's source and
+The decided outcomes come from `replication.decide`, which also decides every replication draw;
+one that fresh seed sets would not replicate (replication.STABLE), its qualifier included, reads
+inconclusive (fragile). Every level states its threshold's source and
 its power at the run's seeds (study/power.py). Every verdict names the models it describes (encoding, width, depth, heads, grid).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 from poslens.interventions import in_situ
-from poslens.metrics.stats import SeedTest, holm, seed_test
-from poslens.study.claims import EACH, LEVELS, RULES, Control, Effect, Rule, View
+from poslens.metrics.stats import holm, seed_test
+from poslens.study.claims import EACH, LEVELS, ORIGINAL, RULES, Control, Rule, View
 from poslens.study.config import StudyConfig
 from poslens.study.fingerprint import design, fingerprint_of
-from poslens.study.power import MAX_SEEDS, POWER, Power, level_power
+from poslens.study.judged import ALPHA, MIN_SEEDS, Judged
+from poslens.study.power import Power, level_power
 from poslens.study.reference import reference_check
-from poslens.study.replication import DRAWS, STABLE, VERDICT_CODES, Outcome, observed, replication
+from poslens.study.replication import (
+    DRAWS,
+    STABLE,
+    Outcome,
+    codes_of,
+    in_holm,
+    observed,
+    replication,
+)
 from poslens.study.result import (
     Calibration,
     ClaimResult,
     ControlRow,
-    EffectTest,
     Measured,
     Primary,
     Reference,
@@ -50,13 +63,28 @@ from poslens.study.verdicts import (
     DESCRIPTIVE,
     FAILED_CALIBRATION,
     INCONCLUSIVE,
+    NOT_REPRODUCED,
+    NOT_SPECIFIC,
     NOT_SUPPORTED,
+    REPRODUCES,
+    SPECIFIC,
     SUPPORTED,
     VERDICTS,
 )
+from poslens.study.wording import (
+    control_line,
+    control_notes,
+    failed_text,
+    fmt_test,
+    fmt_values,
+    no_power_text,
+    not_observed_text,
+    notes,
+    scale_text,
+    specificity_text,
+    supported_text,
+)
 
-MIN_SEEDS = 5  # a verdict (and a calibration result) needs at least this many measured seeds
-ALPHA = 0.05
 NO_POWER = "no power"  # the qualifier of an inconclusive verdict whose interval is too wide
 # the qualifier of a verdict that would not replicate on a fresh seed set (replication.STABLE)
 FRAGILE = "fragile"
@@ -80,84 +108,6 @@ def level_design(rule: Rule, cfg: StudyConfig) -> dict[str, Any]:
 def level_fingerprint(rule: Rule, cfg: StudyConfig) -> str:
     """The fingerprint of the level's design under `cfg` (not of its seeds)."""
     return fingerprint_of(level_design(rule, cfg))
-
-
-@dataclass
-class Judged:
-    """One rule on one model: the per-seed effect, its test and (once the family is known) the
-    Holm-corrected p-value."""
-
-    model: str  # the model, or a control's label ("rope_axial, random head")
-    role: str  # "study", "positive" or "negative"
-    effect: Effect
-    test: SeedTest
-    p_holm: float = math.nan
-    design: str = ""  # a control's design, in a phrase
-
-    @property
-    def seeds(self) -> int:
-        return len(self.effect.values)
-
-    @property
-    def problem(self) -> str | None:
-        """Why this test cannot count (None: it can): too few measured seeds, or no spread."""
-        if self.test.n < MIN_SEEDS:
-            why = self.effect.reasons() or (
-                "no seed ran the experiment"
-                if self.test.n < self.seeds
-                else f"the study ran {self.seeds} seed{'s' * (self.seeds != 1)}"
-            )
-            return (f"{self.model}: {self.test.n} of {self.seeds} seeds measured, a verdict needs "
-                    f"{MIN_SEEDS} ({why})")  # fmt: skip
-        if self.test.no_spread:
-            return (f"{self.model}: every measured seed gives {self.test.mean:.3g}, so there is no "
-                    "spread to test against (a value fixed by construction)")  # fmt: skip
-        return None
-
-    @property
-    def degenerate(self) -> bool:
-        """Nothing there to measure by construction: every value equal (no spread), or every seed
-        empty (no latents, a closed gate, no variance). Such a control cannot show specificity."""
-        e = self.effect
-        return self.test.no_spread or (self.seeds >= MIN_SEEDS and len(e.empty) == self.seeds)
-
-    @property
-    def set_aside(self) -> bool:
-        """A negative control with too few measured seeds only because the others had nothing to
-        measure by construction (every missing seed empty: e.g. an edit that removes row/column
-        structure leaves an SAE no row or column latents): it does not count, and unlike a
-        control broken by a failed measurement it does not leave the rule uncalibrated when
-        another negative control counts."""
-        e = self.effect
-        return (self.role == "negative" and self.problem is not None and not self.degenerate
-                and bool(e.missing) and set(e.missing) <= e.empty)  # fmt: skip
-
-    @property
-    def detected(self) -> bool:
-        return self.problem is None and self.p_holm < ALPHA
-
-    def result(self) -> EffectTest:
-        t = self.test
-        return EffectTest(n=t.n, seeds=self.seeds, mean=t.mean, ci=(t.ci_low, t.ci_high),
-                          lower=t.lower, upper=t.upper, p=t.p, p_holm=self.p_holm,
-                          values=tuple(self.effect.values),
-                          missing={str(s): why for s, why in sorted(self.effect.missing.items())},
-                          gate=self.effect.gate, detected=self.detected)  # fmt: skip
-
-
-def fmt_test(j: Judged) -> str:
-    """'0.41, one-sided 95% bound >= 0.30, over 5 of 5 seeds, p = 0.007 (Holm 0.03)'."""
-    t = j.test
-    if t.n == 0:
-        return f"not measured ({j.effect.reasons() or 'the experiment did not run'})"
-    seeds = f"over {t.n} of {j.seeds} seeds measured"
-    if j.effect.missing:
-        seeds += f" ({j.effect.reasons()})"
-    if math.isnan(t.p):
-        return f"{t.mean:.2f} {seeds}; no test ({'no spread' if t.no_spread else 'one seed'})"
-    holm_p = "" if math.isnan(j.p_holm) else f" (Holm {j.p_holm:.3g})"
-    return (f"{t.mean:.2f}, one-sided 95% bounds >= {t.lower:.2f} and <= {t.upper:.2f}, {seeds}, "
-            f"p = {t.p:.3g}{holm_p}")  # fmt: skip
 
 
 def _study_views(rule: Rule, views: dict[str, View], pretrained: bool) -> list[View]:
@@ -207,13 +157,27 @@ def evaluate_claims(models: Models, cfg: StudyConfig | None = None) -> list[Clai
     for rule in RULES:
         study = [_judge(rule, v, "study") for v in _study_views(rule, views, pretrained)]
         controls = _controls(rule, views, study)
-        # one family per level: its study models and its controls, judged at the same level
-        family = [*study, *controls]
+        # one family per level: its study models and its controls, judged at the same level (an
+        # original level's negative controls are read by their upper bounds, outside it)
+        original = rule.level == ORIGINAL
+        family = [j for j in (*study, *controls) if in_holm(j.role, original)]
+        for j in (*study, *controls):
+            j.p_holm = j.test.p
         for j, p in zip(family, holm([j.test.p for j in family]), strict=True):
             j.p_holm = p
         fingerprint = None if cfg is None else level_fingerprint(rule, cfg)
         out.append(_claim(rule, study, controls, pretrained, views, fingerprint))
     return out
+
+
+def _as_designed(rule: Rule, j: Judged) -> bool:
+    """A positive control detected; a negative one not detected, or for an original level shown
+    below the threshold (its specificity shown, not assumed)."""
+    if j.role == "positive":
+        return j.detected
+    if rule.level == ORIGINAL:
+        return not j.detected and j.test.upper < rule.threshold
+    return not j.detected
 
 
 def _calibration(rule: Rule, controls: list[Judged]) -> Calibration:
@@ -227,7 +191,7 @@ def _calibration(rule: Rule, controls: list[Judged]) -> Calibration:
             enough_seeds=j.test.n >= MIN_SEEDS, measured=measured, degenerate=j.degenerate,
             not_measured=j.problem,
             seeds_above_threshold=sum(x > rule.threshold for x in j.test.values),
-            as_designed=measured and j.detected == (j.role == "positive"),
+            as_designed=measured and _as_designed(rule, j),
         ))  # fmt: skip
     positives = [c for c in rows if c.role == "positive"]
     negatives = [c for c in rows if c.role == "negative"]
@@ -242,20 +206,11 @@ def _calibration(rule: Rule, controls: list[Judged]) -> Calibration:
     return Calibration(
         controls=tuple(rows),
         sensitivity=sum(c.detected for c in positives) / len(positives) if positives else None,
-        specificity=sum(not c.detected for c in counted) / len(counted) if counted else None,
+        specificity=sum(c.as_designed for c in counted) / len(counted) if counted else None,
         complete=complete,
         sensitivity_only=complete and not counted,
         passed=complete and all(c.as_designed for c in [*positives, *counted]),
     )
-
-
-def _cal_line(j: Judged) -> str:
-    if j.problem is not None:
-        kind = "degenerate, shows nothing about specificity" if j.degenerate else "does not count"
-        return f"{j.role} control {j.model} ({j.design}): {fmt_test(j)}: {kind} ({j.problem})"
-    outcome = "detected" if j.detected else "not detected"
-    design = "as designed" if j.detected == (j.role == "positive") else "NOT as designed"
-    return f"{j.role} control {j.model} ({j.design}): {fmt_test(j)}: {outcome} ({design})"
 
 
 def detectable(rule: Rule, controls: list[Judged]) -> float:
@@ -265,39 +220,9 @@ def detectable(rule: Rule, controls: list[Judged]) -> float:
     return min([rule.threshold, *lows])
 
 
-def scale_text(v: View) -> str:
-    """'rope_axial (rope_axial, width 32, depth 4, 4 heads, 6x6 grid)': what a verdict describes."""
-    sc = v.scale
-    if not sc:
-        return f"{v.model} ({v.posenc})"
-    return (f"{v.model} ({v.posenc}, width {sc['dim']}, depth {sc['depth']}, {sc['heads']} heads, "
-            f"{sc['grid']}x{sc['grid']} grid)")  # fmt: skip
-
-
-def fmt_values(values: list[float]) -> str:
-    """'0.41 [0.30, 0.52] over 5 seeds' (two-sided 95% t-interval), or 'not measured'."""
-    t = seed_test(values, 0.0, ALPHA)
-    if t.n == 0:
-        return "not measured"
-    if math.isnan(t.ci_low):
-        return f"{t.mean:.3g} over {t.n} seed{'s' * (t.n > 1)}"
-    return f"{t.mean:.3g} [{t.ci_low:.3g}, {t.ci_high:.3g}] over {t.n} seeds"
-
-
-def _notes(rule: Rule, views: list[View]) -> list[str]:
-    """The rule's secondary numbers per study model, each with its interval over seeds."""
-    return [f"{v.model}: {what}: {fmt_values(vals)}" for v in views for what, vals in rule.notes(v)]
-
-
-def _control_notes(rule: Rule, controls: list[Judged], views: dict[str, View]) -> list[str]:
-    """The rule's control notes per control model (a model of the study's own: controls built
-    inside each model, such as permuted heads, have none)."""
-    return [f"{j.model} ({j.role} control): {what}: {fmt_values(vals)}"
-            for j in controls if j.model in views
-            for what, vals in rule.control_notes(views[j.model])]  # fmt: skip
-
-
-FAILED_CODE, SUPPORTED_CODE, NOT_SUPPORTED_CODE, NO_POWER_CODE = range(len(VERDICT_CODES))
+FAILED_CODE, SUPPORTED_CODE, NOT_SUPPORTED_CODE, NO_POWER_CODE = range(len(codes_of(False)))
+# an original level's codes: each outcome specific, then not specific (replication.decide)
+REPRODUCES_CODE, NOT_REPRODUCED_CODE = 0, 2
 
 
 def _tests(study: list[Judged], controls: list[Judged]) -> list[Outcome]:
@@ -307,78 +232,45 @@ def _tests(study: list[Judged], controls: list[Judged]) -> list[Outcome]:
 
 
 def _decide_observed(rule: Rule, study: list[Judged], controls: list[Judged]) -> int:
-    """The observed verdict (an index into VERDICT_CODES), by the same `decide` that decides each
-    replication draw: over the tests that count (a degenerate negative control does not)."""
-    return observed(_tests(study, controls), rule.threshold)[0]
+    """The observed outcome (an index into codes_of(original)), by the same `decide` that decides
+    each replication draw: over the tests that count (a degenerate negative control does not)."""
+    return observed(_tests(study, controls), rule.threshold, rule.level == ORIGINAL)[0]
+
+
+def _outcome(rule: Rule, code: int, study: list[Judged], controls: list[Judged],
+             power: Power | None) -> tuple[str, str | None, str]:  # fmt: skip
+    """The verdict, qualifier and summary of a decided level's observed outcome `code`."""
+    floor = detectable(rule, controls)
+    if rule.level == ORIGINAL:
+        if code == len(codes_of(True)) - 1:
+            return INCONCLUSIVE, NO_POWER, no_power_text(rule.threshold, study, floor, power,
+                                                         controls)  # fmt: skip
+        reproduces = code < NOT_REPRODUCED_CODE
+        specific = code % 2 == 0
+        summary = (supported_text(rule.threshold, study, True) if reproduces
+                   else not_observed_text(study, floor, True))  # fmt: skip
+        return ((REPRODUCES if reproduces else NOT_REPRODUCED),
+                SPECIFIC if specific else NOT_SPECIFIC,
+                summary + " " + specificity_text(controls, rule.threshold))  # fmt: skip
+    if code == FAILED_CODE:
+        return FAILED_CALIBRATION, None, failed_text(study, controls)
+    if code == SUPPORTED_CODE:
+        return SUPPORTED, None, supported_text(rule.threshold, study, False)
+    if code == NOT_SUPPORTED_CODE:
+        return NOT_SUPPORTED, None, not_observed_text(study, floor, False)
+    return INCONCLUSIVE, NO_POWER, no_power_text(rule.threshold, study, floor, power, controls)
 
 
 def _power(rule: Rule, study: list[Judged], controls: list[Judged], seeds: int) -> Power:
     """The level's power at the run's seeds, at the Holm family's strictest step."""
-    family = sum(math.isfinite(j.test.p) for j in [*study, *controls])
+    original = rule.level == ORIGINAL
+    family = sum(math.isfinite(j.test.p) and in_holm(j.role, original)
+                 for j in [*study, *controls])  # fmt: skip
     counted = [j.test.values for j in [*study, *controls] if j.problem is None]
     floor = detectable(rule, controls)
     undecided = {j.model: j.test.mean for j in study
                  if j.test.n and not j.detected and not j.test.upper < floor}  # fmt: skip
     return level_power(rule.threshold, floor, seeds, ALPHA / max(family, 1), counted, undecided)
-
-
-def _which(study: list[Judged]) -> str:
-    return ", ".join(f"{j.model} {j.test.mean:.2f}" for j in study)
-
-
-def _failed_text(study: list[Judged], controls: list[Judged]) -> str:
-    """The controls that counted and came out against their design (a degenerate negative
-    control does not count, so it cannot fail)."""
-    wrong = [j for j in controls if (j.role == "positive" or j.problem is None)
-             and j.detected != (j.role == "positive")]  # fmt: skip
-    how = "; ".join(
-        f"{j.model} ({j.role} control) {'not ' * (j.role == 'positive')}detected: "
-        f"{j.test.mean:.2f}, one-sided 95% bounds {j.test.lower:.2f} to {j.test.upper:.2f}"
-        for j in wrong
-    )
-    return (f"The rule did not behave as designed on its controls ({how}), so its answer on the "
-            f"study models ({_which(study)}) says nothing about them.")  # fmt: skip
-
-
-def _not_observed_text(rule: Rule, study: list[Judged], controls: list[Judged]) -> str:
-    undetected = [j for j in study if not j.detected]
-    return (
-        f"Not observed in these models ({', '.join(j.model for j in undetected)}: "
-        f"{_which(study)}): the one-sided 95% upper bound "
-        f"({', '.join(f'{j.test.upper:.2f}' for j in undetected)}) lies below "
-        f"{detectable(rule, controls):.2f}, the smallest effect the rule is known to detect here."
-    )
-
-
-def _no_power_text(
-    rule: Rule, study: list[Judged], controls: list[Judged], power: Power | None
-) -> str:
-    floor = detectable(rule, controls)
-    undetected = [j for j in study if not j.detected]
-    wide = [j for j in undetected if not j.test.upper < floor]
-    narrow = [j for j in undetected if j.test.upper < floor]
-
-    def bounds(js: list[Judged]) -> str:
-        return ", ".join(f"{j.model} {j.test.upper:.2f}" for j in js)
-
-    out = (
-        f"No power: the effect does not clearly exceed {rule.threshold:g} in "
-        f"{', '.join(j.model for j in undetected)} ({_which(study)}), and the one-sided 95% upper "
-        f"bound ({bounds(wide)}) does not exclude {floor:.2f}, the smallest effect the "
-        "rule is known to detect here"
-        + (f" (it does for {bounds(narrow)})" if narrow else "")
-        + "."
-    )
-    if power is not None and power.seeds_needed is not None:
-        n = power.seeds_needed
-        own = ",".join(f"{m}={k}" for m, k in power.needed.items())
-        out += (f" At the observed effect and spread, {n} seeds would decide it with "
-                f"{POWER:.0%} power (--seeds {n}, or --model-seeds {own} for "
-                f"{'that model' if len(power.needed) == 1 else 'those models'} alone).")  # fmt: skip
-    elif power is not None and power.needed:
-        out += (" No seed count up to "
-                f"{MAX_SEEDS} would decide it: the effect sits on the threshold.")  # fmt: skip
-    return out
 
 
 def _claim(
@@ -438,25 +330,15 @@ def _claim(
             + "."
         )
     else:
+        original = rule.level == ORIGINAL
         code = _decide_observed(rule, study, controls)
-        if code == FAILED_CODE:
-            verdict, summary = FAILED_CALIBRATION, _failed_text(study, controls)
-        elif code == SUPPORTED_CODE:
-            verdict = SUPPORTED
-            summary = (f"The effect exceeds {rule.threshold:g} in every study model "
-                       f"({_which(study)}), Holm-corrected over this level's models and "
-                       "controls.")  # fmt: skip
-        elif code == NOT_SUPPORTED_CODE:
-            verdict, summary = NOT_SUPPORTED, _not_observed_text(rule, study, controls)
-        else:
-            verdict, qualifier = INCONCLUSIVE, NO_POWER
-            summary = _no_power_text(rule, study, controls, power)
+        verdict, qualifier, summary = _outcome(rule, code, study, controls, power)
         tests = _tests(study, controls)
         replicates = replication(tests, rule.threshold, ALPHA, min(t.design for t in tests),
-                                 rule.id)  # fmt: skip
-        if code != NO_POWER_CODE and not replicates.stable:
-            summary = (f"Fragile: {VERDICT_CODES[code]} on this seed set, but {replicates.text()}. "
-                       + summary)  # fmt: skip
+                                 rule.id, original)  # fmt: skip
+        if qualifier != NO_POWER and not replicates.stable:
+            summary = (f"Fragile: {codes_of(original)[code]} on this seed set, but "
+                       f"{replicates.text()}. " + summary)  # fmt: skip
             verdict, qualifier = INCONCLUSIVE, FRAGILE
     summary += f" Describes {scale}."
     return ClaimResult(
@@ -471,8 +353,8 @@ def _claim(
         summary=summary,
         scale={v.model: v.scale for v in described},
         evidence=tuple(evidence),
-        notes=tuple(_notes(rule, described) + _control_notes(rule, controls, views)),
-        controls=tuple(_cal_line(j) for j in controls),
+        notes=tuple(notes(rule, described) + control_notes(rule, controls, views)),
+        controls=tuple(control_line(j, rule.threshold, rule.level == ORIGINAL) for j in controls),
         caveats=tuple(caveats),
         models=tuple(j.model for j in study),
         seeds=min((j.test.n for j in study), default=0),

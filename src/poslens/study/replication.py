@@ -20,7 +20,16 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats as st
 
-from poslens.study.verdicts import FAILED_CALIBRATION, INCONCLUSIVE, NOT_SUPPORTED, SUPPORTED
+from poslens.study.verdicts import (
+    FAILED_CALIBRATION,
+    INCONCLUSIVE,
+    NOT_REPRODUCED,
+    NOT_SPECIFIC,
+    NOT_SUPPORTED,
+    REPRODUCES,
+    SPECIFIC,
+    SUPPORTED,
+)
 
 STABLE = 0.90  # a decided verdict must replicate on at least this share of fresh seed sets
 # a part a fragile verdict is said to turn on: one that fresh seed sets fail to repeat more than
@@ -30,7 +39,17 @@ DRAWS = 4000  # predictive draws per estimate
 # the seed counts tried when a level is not yet stable (the first one that is stable is named)
 SEED_STEPS = (5, 6, 7, 8, 10, 12, 15, 20, 25, 30, 40, 50)
 NO_POWER_VERDICT = INCONCLUSIVE + " (no power)"  # what `decide` calls an undecided level
+# a sharper level's outcomes (the mechanism, gated by calibration)
 VERDICT_CODES = (FAILED_CALIBRATION, SUPPORTED, NOT_SUPPORTED, NO_POWER_VERDICT)
+# an original level's outcomes: the published observation reproduces or not, each with its
+# measure's specificity (every negative control shown below the threshold, or not)
+REPRODUCTION_CODES = (*(f"{o} ({q})" for o in (REPRODUCES, NOT_REPRODUCED)
+                         for q in (SPECIFIC, NOT_SPECIFIC)), NO_POWER_VERDICT)  # fmt: skip
+
+
+def codes_of(original: bool) -> tuple[str, ...]:
+    """The outcome codes of an original level (reproduction) or a sharper one (mechanism)."""
+    return REPRODUCTION_CODES if original else VERDICT_CODES
 
 
 @dataclass(frozen=True)
@@ -65,10 +84,11 @@ def holm_rows(p: np.ndarray) -> np.ndarray:
 
 
 # the state of one test of a family, in one draw or as observed
-NOT_DETECTED, DETECTED, EXCLUDED = 0, 1, 2
+NOT_DETECTED, DETECTED, EXCLUDED, SHOWN_BELOW = 0, 1, 2, 3
 # excluded: a study model not detected whose upper bound lies below the smallest effect the rule
-# detects (what "not supported" needs of every study model)
-STATE_NAMES = ("not detected", "detected", "excluded")
+# detects (what "not supported" needs of every study model); shown below: a negative control
+# whose upper bound lies below the threshold (what "specific" needs of every negative control)
+STATE_NAMES = ("not detected", "detected", "excluded", "shown below")
 
 
 def decide(
@@ -77,35 +97,57 @@ def decide(
     detected: np.ndarray,
     lower: np.ndarray,
     upper: np.ndarray,
+    original: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """The verdict of each row of outcomes ([B, J] over the tests that count: detected, one-sided
+    """The outcome of each row of outcomes ([B, J] over the tests that count: detected, one-sided
     bounds) and the state of each test in it. A test is detected, excluded (a study model whose
     upper bound lies below the smallest effect the rule detects: the threshold or a detected
-    positive's lower bound) or not detected. The verdict: calibration first (every positive
-    detected, no negative), then supported (every study model detected), not supported (every
-    study model detected or excluded), else no power. Returns [B] indices into VERDICT_CODES and
-    the states [B, J]."""
+    positive's lower bound), shown below (a negative control whose upper bound lies below the
+    threshold) or not detected. Returns [B] indices into codes_of(original) and the states [B, J].
+
+    A sharper level (the mechanism): calibration first (every positive detected, no negative),
+    then supported (every study model detected), not supported (every study model detected or
+    excluded), else no power. An original level (does the published observation reproduce?):
+    reproduces (every study model detected), does not reproduce (every study model excluded and
+    every positive detected: the instrument sees what it planted), else no power; each decided
+    outcome qualified as specific where every negative control is shown below the threshold."""
     r = np.asarray(roles)
     pos, neg, study = r == "positive", r == "negative", r == "study"
     floor = np.minimum(threshold, np.where(detected & pos, lower, np.inf).min(1))
     excluded = study & ~detected & (upper < floor[:, None])
-    state = np.where(detected, DETECTED, np.where(excluded, EXCLUDED, NOT_DETECTED))
-    passed = detected[:, pos].all(1) & ~detected[:, neg].any(1)
+    below = neg & ~detected & (upper < threshold)
+    state = np.where(detected, DETECTED, np.where(excluded, EXCLUDED,
+                                                  np.where(below, SHOWN_BELOW, NOT_DETECTED)))  # fmt: skip
+    sensitive = detected[:, pos].all(1)
     supported = detected[:, study].all(1)
     ruled_out = (state[:, study] != NOT_DETECTED).all(1)
+    if original:
+        specific = neg.any() & below[:, neg].all(1)  # shown, never assumed: none counted is not
+        outcome = np.select([supported, ruled_out & sensitive], [0, 2], default=4)
+        return np.where(outcome < 4, outcome + ~specific, outcome), state
+    passed = sensitive & ~detected[:, neg].any(1)
     return np.select([~passed, supported, ruled_out], [0, 1, 2], default=3), state
 
 
-def observed(tests: Sequence[Outcome], threshold: float) -> tuple[int, np.ndarray]:
-    """The observed verdict of a level's family (an index into VERDICT_CODES) and the state of
-    each test that counts [J], by the `decide` that decides every replication draw (a test that
-    does not count, e.g. a degenerate negative control, takes no part)."""
+def observed(
+    tests: Sequence[Outcome], threshold: float, original: bool = False
+) -> tuple[int, np.ndarray]:
+    """The observed outcome of a level's family (an index into codes_of(original)) and the state
+    of each test that counts [J], by the `decide` that decides every replication draw (a test
+    that does not count, e.g. a degenerate negative control, takes no part)."""
     counted = [t for t in tests if t.counts]
     codes, state = decide(threshold, [t.role for t in counted],
                           np.array([[t.detected for t in counted]]),
                           np.array([[t.lower for t in counted]]),
-                          np.array([[t.upper for t in counted]]))  # fmt: skip
+                          np.array([[t.upper for t in counted]]), original)  # fmt: skip
     return int(codes[0]), state[0]
+
+
+def in_holm(role: str, original: bool) -> bool:
+    """Whether a test of this role is in its level's Holm family: every test of a sharper level;
+    an original level's study models and positive controls (its negative controls are read by
+    their upper bounds, for specificity, not tested for exceeding the threshold)."""
+    return not (original and role == "negative")
 
 
 def _draw(
@@ -136,15 +178,16 @@ def _draw(
 @dataclass(frozen=True)
 class Draws:
     """Fresh seed sets' outcomes (`decide` on each): the state of each test that counts
-    [DRAWS, J] and each draw's verdict [DRAWS] (indices into VERDICT_CODES)."""
+    [DRAWS, J] and each draw's outcome [DRAWS] (indices into codes_of(original))."""
 
     states: np.ndarray
     codes: np.ndarray
+    original: bool = False
 
     @property
     def shares(self) -> np.ndarray:
-        """The share of fresh seed sets giving each verdict of VERDICT_CODES."""
-        return np.bincount(self.codes, minlength=len(VERDICT_CODES)) / DRAWS
+        """The share of fresh seed sets giving each outcome of codes_of(original)."""
+        return np.bincount(self.codes, minlength=len(codes_of(self.original))) / DRAWS
 
 
 def fresh_draws(
@@ -154,6 +197,7 @@ def fresh_draws(
     seeds: int,
     seed_key: str,
     plug_in: bool = False,
+    original: bool = False,
 ) -> Draws:
     """The tests that count, redrawn on fresh seed sets (from the posterior predictive, or with
     plug_in taking the observed means and spreads as true) and decided by `decide`, each test's
@@ -173,17 +217,22 @@ def fresh_draws(
         cols_lo.append(lo)
         cols_hi.append(hi)
     p_all = np.stack(cols_p, 1)
-    in_family = np.array(drawn)
+    in_family = np.array(
+        [d and in_holm(t.role, original) for t, d in zip(tests, drawn, strict=True)]
+    )
+    redrawn = np.array(drawn)
     adjusted = np.full_like(p_all, np.nan)
     if in_family.any():
         adjusted[:, in_family] = holm_rows(p_all[:, in_family])
     counts = np.array([t.counts for t in tests])
     fixed = np.array([t.detected for t in tests])
-    detected = np.where(in_family, adjusted < alpha, fixed[None, :]) & counts[None, :]
+    alone = redrawn & ~in_family  # redrawn, outside the Holm family: tested at alpha alone
+    adjusted[:, alone] = p_all[:, alone]
+    detected = np.where(redrawn, adjusted < alpha, fixed[None, :]) & counts[None, :]
     roles = [t.role for t in tests if t.counts]
     codes, state = decide(threshold, roles, detected[:, counts], np.stack(cols_lo, 1)[:, counts],
-                          np.stack(cols_hi, 1)[:, counts])  # fmt: skip
-    return Draws(state, codes)
+                          np.stack(cols_hi, 1)[:, counts], original)  # fmt: skip
+    return Draws(state, codes, original)
 
 
 @dataclass(frozen=True)
@@ -272,13 +321,20 @@ class Replication:
 
 
 def replication(
-    tests: Sequence[Outcome], threshold: float, alpha: float, seeds: int, key: str
+    tests: Sequence[Outcome],
+    threshold: float,
+    alpha: float,
+    seeds: int,
+    key: str,
+    original: bool = False,
 ) -> Replication:
-    """The replication estimate of a level's observed verdict (`observed`); `seeds`: the smallest
-    seed count of the family's models (each test is redrawn at its own count)."""
+    """The replication estimate of a level's observed outcome (`observed`; an original level's
+    with its specificity); `seeds`: the smallest seed count of the family's models (each test is
+    redrawn at its own count)."""
+    codes = codes_of(original)
     counted = [t for t in tests if t.counts]
-    code, state = observed(tests, threshold)
-    draws = fresh_draws(tests, threshold, alpha, seeds, key)
+    code, state = observed(tests, threshold, original)
+    draws = fresh_draws(tests, threshold, alpha, seeds, key, original=original)
     shares = draws.shares
     parts = tuple(Part(t.model, t.role, STATE_NAMES[int(o)], float((draws.states[:, j] == o).mean()))
                   for j, (t, o) in enumerate(zip(counted, state, strict=True)))  # fmt: skip
@@ -286,14 +342,15 @@ def replication(
     at, which = None, None
     if prob < STABLE:
         for n in (s for s in SEED_STEPS if s > seeds):
-            more = fresh_draws(tests, threshold, alpha, n, key, plug_in=True).shares
+            more = fresh_draws(tests, threshold, alpha, n, key, True, original).shares
             if more.max() >= STABLE:
-                at, which = n, VERDICT_CODES[int(more.argmax())]
+                at, which = n, codes[int(more.argmax())]
                 break
-    named = {VERDICT_CODES[i]: float(x) for i, x in enumerate(shares)}
+    named = {codes[i]: float(x) for i, x in enumerate(shares)}
     mixed = len({t.design for t in tests}) > 1
-    return Replication(VERDICT_CODES[code], prob, seeds, at, which, named, mixed, parts)
+    return Replication(codes[code], prob, seeds, at, which, named, mixed, parts)
 
 
-__all__ = ["DRAWS", "STABLE", "STATE_NAMES", "TURNS_ON", "VERDICT_CODES", "Draws", "Part", "Replication", "decide",
-           "fresh_draws", "holm_rows", "least_stable", "observed", "replication"]  # fmt: skip
+__all__ = ["DRAWS", "REPRODUCTION_CODES", "STABLE", "STATE_NAMES", "TURNS_ON", "VERDICT_CODES", "Draws", "Part",
+           "Replication", "codes_of", "decide", "fresh_draws", "holm_rows", "in_holm", "least_stable", "observed",
+           "replication"]  # fmt: skip

@@ -8,7 +8,12 @@ SUPPORTED, NOT_SUPPORTED, INCONCLUSIVE = "supported", "not supported", "inconclu
 FAILED_CALIBRATION = "instrument failed calibration"
 # a descriptive level reports its effect with an interval and makes no claim
 DESCRIPTIVE = "descriptive"
-VERDICTS = (SUPPORTED, NOT_SUPPORTED, INCONCLUSIVE, FAILED_CALIBRATION, DESCRIPTIVE)
+# the original's level answers "does the published observation reproduce here?", with its
+# measure's specificity as the qualifier (every negative control shown below the threshold)
+REPRODUCES, NOT_REPRODUCED = "reproduces", "does not reproduce"
+SPECIFIC, NOT_SPECIFIC = "specific", "not specific"
+VERDICTS = (SUPPORTED, NOT_SUPPORTED, REPRODUCES, NOT_REPRODUCED, INCONCLUSIVE,
+            FAILED_CALIBRATION, DESCRIPTIVE)  # fmt: skip
 # the reference check's rule verdict where the original's published numbers cannot meet a rule
 NOT_COMPARABLE = "not comparable"
 
@@ -20,7 +25,11 @@ __all__ = [
     "FAILED_CALIBRATION",
     "INCONCLUSIVE",
     "NOT_COMPARABLE",
+    "NOT_REPRODUCED",
+    "NOT_SPECIFIC",
     "NOT_SUPPORTED",
+    "REPRODUCES",
+    "SPECIFIC",
     "SUPPORTED",
     "VERDICTS",
 ]
