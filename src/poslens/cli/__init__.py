@@ -63,6 +63,7 @@ INTERRUPTED = {
     "info": "nothing was written",
     "report": "reports are written atomically: each is the old one or the new one; rerun it",
     "compare": "files are written atomically: each is the old one or the new one; rerun it",
+    "merge": "linked files and finished stages are kept; rerun the same command to continue",
 }
 
 

@@ -11,6 +11,7 @@ from poslens.cli.analyze import cmd_analyze
 from poslens.cli.compare import add_parser as add_compare
 from poslens.cli.export import cmd_export
 from poslens.cli.info import cmd_info
+from poslens.cli.merge import add_parser as add_merge
 from poslens.cli.report import cmd_report
 from poslens.cli.sae import cmd_sae_train
 from poslens.cli.study import cmd_study
@@ -209,9 +210,11 @@ def build_parser(prog: str = "poslens") -> argparse.ArgumentParser:
     )
     sy.add_argument(
         "--preset",
-        choices=("quick", "default", "paper", "ladder"),
+        choices=("quick", "default", "confirm", "paper", "ladder"),
         default="default",
-        help="quick (smoke test), default (the calibrated study), paper (sized for a GPU), or "
+        help="quick (smoke test), default (the calibrated study), confirm (the default's design "
+        "at the pre-registered seed count on the fresh block: docs/preregistration.md; run it in "
+        "blocks of --seeds A-B and `poslens merge` them), paper (sized for a GPU), or "
         "ladder: the study along a scale ladder of grid, width, depth and task (docs/ladder.md; "
         "an hour or more on 2 cores)",
     )
@@ -381,4 +384,5 @@ def build_parser(prog: str = "poslens") -> argparse.ArgumentParser:
     r.set_defaults(fn=cmd_report)
 
     add_compare(sub)
+    add_merge(sub, _count)
     return p

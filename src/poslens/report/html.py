@@ -38,6 +38,8 @@ code { font: 13px ui-monospace, SFMono-Regular, Menlo, Consolas, monospace;
   white-space: nowrap; border: 1px solid; }
 .v-supported { background: #dafbe1; color: #116329; border-color: #1a7f37; }
 .v-not-supported { background: #ffebe9; color: #a40e26; border-color: #cf222e; }
+.v-reproduces { background: #dafbe1; color: #116329; border-color: #1a7f37; }
+.v-does-not-reproduce { background: #ffebe9; color: #a40e26; border-color: #cf222e; }
 .v-inconclusive { background: #fff8c5; color: #6f4e00; border-color: #bf8700; }
 .v-instrument-failed-calibration { background: #fbefff; color: #6639ba; border-color: #8250df; }
 .v-other { background: #eaeef2; color: #24292f; border-color: #8c959f; }

@@ -15,7 +15,7 @@ from poslens.limits import check_count
 from poslens.study.claims import models_read, study_models, trained_controls
 from poslens.training.config import PRESETS as MODEL_PRESETS
 
-PRESETS = ("quick", "default", "paper")
+PRESETS = ("quick", "default", "confirm", "paper")
 
 # Experiments whose claims the report states; the rest run in the paper preset.
 TASK_PREFIX = "task:"  # study.images naming a poslens checkpoint's task instead of an image folder
@@ -302,6 +302,16 @@ DEFAULT_TRAIN = (
 )  # fmt: skip
 
 
+# The confirmation (METHODS.md, "Exploration, then confirmation"; docs/preregistration.md): the
+# default's design (the same fingerprints), every calibration model trained, at the pre-registered
+# seed count on a block of seeds no earlier run trained. The exploration trained seeds 0-19 and the
+# accuracy gate's reserves of those (1000-1019, 2000-2019); the block starts at 100, so neither its
+# seeds nor its own reserves (1100-..., 2100-...) meet them (tests/study/test_confirm.py).
+EXPLORED_SEEDS = range(0, 20)
+CONFIRM_START = 100
+CONFIRM_SEEDS = 20
+
+
 # On pretrained models `quick` is the fast route to the verdicts (docs/pretrained.md): it leaves
 # out what no rule reads and a pretrained forward pass makes costly, a third of a five-seed CPU
 # study of a ViT-S: heads' carrying and top-k, the depth profile's random-init control, and the
@@ -393,6 +403,9 @@ def preset(name: str, **changes: Any) -> StudyConfig:
             only=claims_only((*STUDY_MODELS, *CALIBRATION_MODELS), CORE),
             gate_retries=2,
         )  # fmt: skip
+    elif name == "confirm":
+        cfg = replace(preset("default"), preset="confirm", seeds=CONFIRM_SEEDS,
+                      seed_start=CONFIRM_START, models=(*STUDY_MODELS, *CALIBRATION_MODELS))  # fmt: skip
     elif changes.get("pretrained"):  # the original study itself: pretrained ViT-Bs, on a GPU
         cfg = StudyConfig(
             preset="paper",
@@ -430,7 +443,10 @@ def preset(name: str, **changes: Any) -> StudyConfig:
 __all__ = [
     "ALL_CALIBRATION_MODELS",
     "CALIBRATION_MODELS",
+    "CONFIRM_SEEDS",
+    "CONFIRM_START",
     "CORE",
+    "EXPLORED_SEEDS",
     "PRESETS",
     "STUDY_MODELS",
     "Pretrained",

@@ -1,0 +1,44 @@
+"""`poslens merge --out OUT BLOCK [BLOCK ...]`: blocks of one study (each a `poslens study` on
+its own seeds) merged into one study folder, judged and reported as one (study/merge.py)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_parser(sub: argparse._SubParsersAction, count: type[int]) -> None:  # type: ignore[type-arg]
+    """The `merge` subcommand's arguments (`count`: the parser's --jobs / --threads type)."""
+    p = sub.add_parser(
+        "merge",
+        help="blocks of one study (disjoint seed ranges) merged, judged and reported as one",
+        description="Link the checkpoints and finished stages of several `poslens study` folders "
+        "that ran the same study on disjoint, contiguous seed ranges (e.g. --preset confirm in "
+        "blocks of --seeds 100-104, 105-109, ...) into OUT, and run the study over all their "
+        "seeds there: every stage is reused, the claims are judged on the union, and "
+        "results.json and the reports are written. Rerun it as blocks finish.",
+    )
+    p.add_argument("blocks", nargs="+", metavar="BLOCK", help="`poslens study` output folders")
+    p.add_argument("--out", required=True, help="the merged study's folder")
+    p.add_argument("--jobs", type=count, default=0, help="parallel processes for any stage left")
+    p.add_argument("--threads", type=count, default=0, help="torch threads per job")
+    p.add_argument("--no-progress", action="store_true", help="no progress display")
+    p.set_defaults(fn=cmd_merge)
+
+
+def cmd_merge(args: argparse.Namespace) -> int:
+    from poslens.limits import check_output_dir
+    from poslens.study import run_study
+    from poslens.study.merge import merge_blocks
+
+    check_output_dir(args.out)
+    cfg = merge_blocks(args.blocks, args.out)
+    results = run_study(cfg, args.out, progress=not args.no_progress, threads=args.threads,
+                        jobs=args.jobs)  # fmt: skip
+    last = cfg.seed_start + cfg.seeds - 1
+    print(f"merged {len(args.blocks)} blocks: seeds {cfg.seed_start}-{last} in {args.out} "
+          f"(report.html, report.md, results.json) after "
+          f"{results['timings']['total_seconds']:.0f}s")  # fmt: skip
+    return 0
+
+
+__all__ = ["add_parser", "cmd_merge"]
