@@ -73,6 +73,8 @@ def power_cell(cl: ClaimResult) -> str:
     rep = cl.replication or {}
     if rep.get("text"):
         parts.append(str(rep["text"]))
+    if (cl.confirmation or {}).get("text"):
+        parts.append(f"confirmed: {(cl.confirmation or {})['text']}")
     return "; ".join(parts) or NONE
 
 
@@ -130,6 +132,15 @@ def claim_sections(cl: ClaimResult) -> list[tuple[str, list[str]]]:
         ("What this level tests", ([cl.statement] if cl.statement else []) + design),
         ("Primary test", list(cl.evidence)),
         ("Threshold, power and replication", power_lines(cl)),
+        (
+            "Confirmation",
+            [
+                f"The confirmation of this design: {cl.confirmation['text']}; this run's "
+                "verdict reads its calibration."
+            ]
+            if cl.confirmation
+            else [],
+        ),
         ("Secondary numbers", list(cl.notes or [])),
         ("Calibration", [*cl.controls, tally]),
         ("Caveats", list(cl.caveats)),

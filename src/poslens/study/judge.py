@@ -38,6 +38,8 @@ from poslens.interventions import in_situ
 from poslens.metrics.stats import holm, seed_test
 from poslens.study.claims import EACH, LEVELS, ORIGINAL, RULES, Control, Rule, View
 from poslens.study.config import StudyConfig
+from poslens.study.confirmed import Confirmed
+from poslens.study.confirmed import load as load_confirmations
 from poslens.study.fingerprint import design, fingerprint_of
 from poslens.study.judged import ALPHA, MIN_SEEDS, Judged
 from poslens.study.power import Power, level_power
@@ -72,6 +74,8 @@ from poslens.study.verdicts import (
     VERDICTS,
 )
 from poslens.study.wording import (
+    confirmed_text,
+    contradictions,
     control_line,
     control_notes,
     failed_text,
@@ -148,25 +152,42 @@ def _controls(rule: Rule, views: dict[str, View], study: list[Judged]) -> list[J
     return out
 
 
-def evaluate_claims(models: Models, cfg: StudyConfig | None = None) -> list[ClaimResult]:
+def _seed_range(cfg: StudyConfig) -> tuple[int, int]:
+    """The first and last seed any model of the study runs."""
+    last = max(cfg.seeds_of(m)[-1] for m in cfg.model_keys)
+    return cfg.seed_start, last
+
+
+def evaluate_claims(
+    models: Models,
+    cfg: StudyConfig | None = None,
+    confirmations: dict[str, Confirmed] | None = None,
+) -> list[ClaimResult]:
     """Every claim level with its primary test per study model, calibration, verdict and the
-    words, in rule order (each claim's original level first)."""
+    words, in rule order (each claim's original level first). `confirmations`: fingerprint ->
+    the confirmation of that design (default: study/confirmed.json's); a level whose design was
+    confirmed on other seeds than this run's reads its calibration from there."""
     pretrained = bool(cfg is not None and cfg.pretrained)
+    confirmations = load_confirmations() if confirmations is None else confirmations
     views = {m: View(m, e) for m, e in models.items()}
     out = []
     for rule in RULES:
         study = [_judge(rule, v, "study") for v in _study_views(rule, views, pretrained)]
         controls = _controls(rule, views, study)
+        fingerprint = None if cfg is None else level_fingerprint(rule, cfg)
+        conf = None if fingerprint is None or pretrained else confirmations.get(fingerprint)
+        if conf is not None and cfg is not None and conf.covers(*_seed_range(cfg)):
+            conf = None  # the confirmation itself (or a part of it): it calibrates itself
         # one family per level: its study models and its controls, judged at the same level (an
-        # original level's negative controls are read by their upper bounds, outside it)
+        # original level's negative controls are read by their upper bounds, outside it); with a
+        # confirmed design, its study models among themselves (its controls are shown beside)
         original = rule.level == ORIGINAL
-        family = [j for j in (*study, *controls) if in_holm(j.role, original)]
+        family = [j for j in (*study, *([] if conf else controls)) if in_holm(j.role, original)]
         for j in (*study, *controls):
             j.p_holm = j.test.p
         for j, p in zip(family, holm([j.test.p for j in family]), strict=True):
             j.p_holm = p
-        fingerprint = None if cfg is None else level_fingerprint(rule, cfg)
-        out.append(_claim(rule, study, controls, pretrained, views, fingerprint))
+        out.append(_claim(rule, study, controls, pretrained, views, fingerprint, conf))
     return out
 
 
@@ -228,7 +249,7 @@ REPRODUCES_CODE, NOT_REPRODUCED_CODE = 0, 2
 def _tests(study: list[Judged], controls: list[Judged]) -> list[Outcome]:
     """The level's family as replication.Outcome values (study models first)."""
     return [Outcome(j.role, j.test.values, j.problem is None, j.detected, j.test.lower, j.test.upper,
-                    j.seeds, j.model) for j in [*study, *controls]]  # fmt: skip
+                    j.seeds, j.model, j.fixed) for j in [*study, *controls]]  # fmt: skip
 
 
 def _decide_observed(rule: Rule, study: list[Judged], controls: list[Judged]) -> int:
@@ -264,7 +285,7 @@ def _outcome(rule: Rule, code: int, study: list[Judged], controls: list[Judged],
 def _power(rule: Rule, study: list[Judged], controls: list[Judged], seeds: int) -> Power:
     """The level's power at the run's seeds, at the Holm family's strictest step."""
     original = rule.level == ORIGINAL
-    family = sum(math.isfinite(j.test.p) and in_holm(j.role, original)
+    family = sum(math.isfinite(j.test.p) and in_holm(j.role, original) and not j.fixed
                  for j in [*study, *controls])  # fmt: skip
     counted = [j.test.values for j in [*study, *controls] if j.problem is None]
     floor = detectable(rule, controls)
@@ -280,8 +301,11 @@ def _claim(
     pretrained: bool,
     views: dict[str, View],
     fingerprint: str | None = None,
+    conf: Confirmed | None = None,
 ) -> ClaimResult:
     cal = _calibration(rule, controls)
+    # what calibrates the level: this run's controls, or the confirmation's (fixed)
+    deciding = controls if conf is None else [c.judged(rule.threshold) for c in conf.controls]
     measured = {j.model: Measured(j.test.n, j.seeds, j.effect.reasons() or None, j.effect.gate)
                 for j in study}  # fmt: skip
     evidence = [
@@ -308,7 +332,9 @@ def _claim(
     problems = [j.problem for j in study if j.problem is not None]
     qualifier = None
     run_seeds = min((j.seeds for j in study), default=0)
-    power = None if rule.descriptive or not study else _power(rule, study, controls, run_seeds)
+    power = None if rule.descriptive or not study else _power(rule, study, deciding, run_seeds)
+    if conf is not None:
+        caveats += contradictions(rule, controls, conf)
     replicates = None
     if not study:
         verdict, summary = INCONCLUSIVE, f"No study model ran {rule.experiment} in this study."
@@ -318,7 +344,7 @@ def _claim(
             f"{j.model} {fmt_values(list(j.effect.values))}" for j in study) + "."  # fmt: skip
     elif problems:
         verdict, summary = INCONCLUSIVE, "Not enough measured: " + "; ".join(problems) + "."
-    elif not cal.complete:
+    elif conf is None and not cal.complete:
         missing = [c.not_measured for c in cal.controls
                    if not c.measured and not (c.role == "negative" and c.degenerate)]  # fmt: skip
         verdict = INCONCLUSIVE
@@ -331,11 +357,13 @@ def _claim(
         )
     else:
         original = rule.level == ORIGINAL
-        code = _decide_observed(rule, study, controls)
-        verdict, qualifier, summary = _outcome(rule, code, study, controls, power)
-        tests = _tests(study, controls)
-        replicates = replication(tests, rule.threshold, ALPHA, min(t.design for t in tests),
-                                 rule.id, original)  # fmt: skip
+        code = _decide_observed(rule, study, deciding)
+        verdict, qualifier, summary = _outcome(rule, code, study, deciding, power)
+        if conf is not None:
+            summary += " " + confirmed_text(conf)
+        tests = _tests(study, deciding)
+        seeds = min(t.design for t in tests if not t.fixed)
+        replicates = replication(tests, rule.threshold, ALPHA, seeds, rule.id, original)
         if qualifier != NO_POWER and not replicates.stable:
             summary = (f"Fragile: {codes_of(original)[code]} on this seed set, but "
                        f"{replicates.text()}. " + summary)  # fmt: skip
@@ -367,6 +395,7 @@ def _claim(
         would_change=rule.would_change,
         reference=Reference.from_dict(reference_check(rule), "reference"),
         fingerprint=fingerprint,
+        confirmation=None if conf is None else conf.summary(),
     )
 
 

@@ -26,6 +26,9 @@ class Judged:
     test: SeedTest
     p_holm: float = math.nan
     design: str = ""  # a control's design, in a phrase
+    # a control read from the confirmation of the level's design (study/confirmed.py): its numbers
+    # are the confirmation's, taken as established (never redrawn, outside this run's Holm family)
+    fixed: bool = False
 
     @property
     def seeds(self) -> int:

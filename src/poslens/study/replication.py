@@ -66,6 +66,8 @@ class Outcome:
     # the seeds its model ran (study.model_seeds may differ by model); 0: as measured
     seeds: int = 0
     model: str = ""  # the model (or control) it measured, as the report names it
+    # the confirmation's control (its design's calibration): kept as observed in every draw
+    fixed: bool = False
 
     @property
     def design(self) -> int:
@@ -204,7 +206,8 @@ def fresh_draws(
     model running `seeds` seeds or its own count, whichever is larger (so `seeds` at or below the
     smallest count redraws every test at its own)."""
     rng = np.random.default_rng(zlib.crc32(f"{seed_key}:{seeds}:{plug_in}".encode()))
-    drawn = [t.counts or (len(t.values) >= 2 and len(set(t.values)) > 1) for t in tests]
+    drawn = [not t.fixed and (t.counts or (len(t.values) >= 2 and len(set(t.values)) > 1))
+             for t in tests]  # fmt: skip
     cols_p, cols_lo, cols_hi = [], [], []
     for t, d in zip(tests, drawn, strict=True):
         if d:  # a measured seed count short of its model's stays short by as many seeds
@@ -347,7 +350,7 @@ def replication(
                 at, which = n, codes[int(more.argmax())]
                 break
     named = {codes[i]: float(x) for i, x in enumerate(shares)}
-    mixed = len({t.design for t in tests}) > 1
+    mixed = len({t.design for t in tests if not t.fixed}) > 1
     return Replication(codes[code], prob, seeds, at, which, named, mixed, parts)
 
 

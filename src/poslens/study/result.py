@@ -266,6 +266,9 @@ class ClaimResult:
     replication: Record | None = None  # study/replication.py's; None without a decided test
     # the level's design fingerprint (study/fingerprint.py); None in results written before it
     fingerprint: str | None = None
+    # the confirmation of this design, where this run read its calibration from it
+    # (study/confirmed.py: verdict, qualifier, seeds, replication, text); None otherwise
+    confirmation: Record | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The claim as results.json holds it (keys in the order judge has always written)."""
@@ -281,7 +284,12 @@ class ClaimResult:
                 "models": list(self.models), "seeds": self.seeds}  # fmt: skip
         if self.measured is not None:
             out["measured"] = {m: x.to_dict() for m, x in self.measured.items()}
-        out = _some(out, threshold_source=self.threshold_source, fingerprint=self.fingerprint)
+        out = _some(
+            out,
+            threshold_source=self.threshold_source,
+            fingerprint=self.fingerprint,
+            confirmation=None if self.confirmation is None else dict(self.confirmation),
+        )
         return out | {
             "power": None if self.power is None else dict(self.power),
             "replication": None if self.replication is None else dict(self.replication),
@@ -320,7 +328,7 @@ class ClaimResult:
             notes=None if notes is None else _list(notes, f"{where}: notes"),
             measured=measured, threshold_source=d.get("threshold_source"),
             power=d.get("power"), replication=d.get("replication"),
-            fingerprint=d.get("fingerprint"),
+            fingerprint=d.get("fingerprint"), confirmation=d.get("confirmation"),
         )  # fmt: skip
 
 

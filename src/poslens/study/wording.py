@@ -8,7 +8,8 @@ import math
 from collections.abc import Sequence
 
 from poslens.metrics.stats import seed_test
-from poslens.study.claims import Rule, View
+from poslens.study.claims import ORIGINAL, Rule, View
+from poslens.study.confirmed import Confirmed
 from poslens.study.judged import Judged
 from poslens.study.power import MAX_SEEDS, POWER, Power
 
@@ -177,7 +178,47 @@ def no_power_text(
     return out
 
 
+def confirmed_text(conf: Confirmed) -> str:
+    """Where the level's calibration came from when its design was confirmed elsewhere."""
+    return (f"Calibrated by the confirmation of this design ({conf.seeds} seeds, "
+            f"{conf.first_seed}-{conf.last_seed}: {conf.text()}): its controls are taken as "
+            "established and this run's study models are tested among themselves.")  # fmt: skip
+
+
+def contradictions(rule: Rule, controls: Tests, conf: Confirmed) -> list[str]:
+    """This run's own controls that contradict the confirmation of its design: a positive shown
+    below the threshold, a negative detected above it (an original level's: shown above it where
+    the confirmation found the measure specific). Empty where none does."""
+    specific = conf.qualifier != "not specific"
+    out = []
+    for j in controls:
+        if j.problem is not None:
+            continue
+        t = j.test
+        if j.role == "positive" and t.upper < rule.threshold:
+            out.append(f"{j.model} (positive) reads {t.mean:.2f}, upper bound {t.upper:.2f} below "
+                       f"{rule.threshold:g}")  # fmt: skip
+        elif j.role == "negative" and rule.level != ORIGINAL and t.p < INTERVAL_ALPHA:
+            out.append(f"{j.model} (negative) detected above {rule.threshold:g} at "
+                       f"{t.mean:.2f}")  # fmt: skip
+        elif (
+            j.role == "negative"
+            and rule.level == ORIGINAL
+            and specific
+            and t.lower > rule.threshold
+        ):
+            out.append(f"{j.model} (negative) reads {t.mean:.2f}, lower bound {t.lower:.2f} above "
+                       f"{rule.threshold:g}")  # fmt: skip
+    if not out:
+        return []
+    return ["Contradicts the confirmation of this design: " + "; ".join(out) + ". This run's "
+            "controls came out against what the confirmation established; its verdict reads "
+            "the confirmation's calibration all the same."]  # fmt: skip
+
+
 __all__ = [
+    "confirmed_text",
+    "contradictions",
     "control_line",
     "control_notes",
     "failed_text",
