@@ -28,7 +28,8 @@ from poslens.study.plan import experiment_configs, run_config
 # Rule fields that only word a level (not hashed); every other field decides its outcome and is
 # hashed, so a field added to Rule is part of the design unless it is named here
 WORDING_FIELDS = ("title", "statement", "effect_name", "threshold_source", "would_change",
-                  "by_construction", "notes", "control_notes", "in_situ_gap", "reference")  # fmt: skip
+                  "by_construction", "notes", "control_notes", "in_situ_gap", "reference",
+                  "exploration")  # fmt: skip
 DESIGN_FIELDS = tuple(f.name for f in dataclasses.fields(Rule) if f.name not in WORDING_FIELDS)
 # a control's fields that decide what it measures (its design phrase and whether the laptop
 # presets train it are not)

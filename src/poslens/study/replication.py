@@ -200,18 +200,23 @@ def fresh_draws(
     seed_key: str,
     plug_in: bool = False,
     original: bool = False,
+    exact: bool = False,
 ) -> Draws:
     """The tests that count, redrawn on fresh seed sets (from the posterior predictive, or with
     plug_in taking the observed means and spreads as true) and decided by `decide`, each test's
     model running `seeds` seeds or its own count, whichever is larger (so `seeds` at or below the
-    smallest count redraws every test at its own)."""
+    smallest count redraws every test at its own); with `exact`, every model `seeds` seeds (a
+    design of that size, e.g. a confirmation planned from an exploration)."""
     rng = np.random.default_rng(zlib.crc32(f"{seed_key}:{seeds}:{plug_in}".encode()))
     drawn = [not t.fixed and (t.counts or (len(t.values) >= 2 and len(set(t.values)) > 1))
              for t in tests]  # fmt: skip
     cols_p, cols_lo, cols_hi = [], [], []
     for t, d in zip(tests, drawn, strict=True):
-        if d:  # a measured seed count short of its model's stays short by as many seeds
-            n_new = max(2, max(t.design, seeds) - (t.design - len(t.values)))
+        if d:
+            if exact:  # the planned count, short by the share of seeds not measured
+                n_new = max(2, round(seeds * len(t.values) / max(t.design, 1)))
+            else:  # a measured seed count short of its model's stays short by as many seeds
+                n_new = max(2, max(t.design, seeds) - (t.design - len(t.values)))
             p, lo, hi = _draw(t.values, n_new, threshold, alpha, rng, plug_in)
         else:
             p = np.full(DRAWS, np.nan)

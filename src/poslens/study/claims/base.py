@@ -228,6 +228,9 @@ class Rule:
     # the rule fed the original's published numbers: (effect, how it was read, comparable);
     # study/reference.py turns it into the reference check beside the verdict
     reference: Callable[[], Reference] | None = None
+    # what the exploration (seeds 0-19) changed in this level before the freeze, and the
+    # exploratory numbers that motivated it; docs/preregistration.md lists it ("" : unchanged)
+    exploration: str = ""
 
     @property
     def id(self) -> str:
