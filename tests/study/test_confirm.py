@@ -25,7 +25,8 @@ from poslens.study.config import (
 )
 from poslens.study.gate import reserve_seed
 from poslens.study.judge import level_fingerprint
-from poslens.study.merge import merge_blocks, merged_config
+from poslens.study.merge import merge_blocks, merge_results, merged_config
+from poslens.study.preregistration import slim
 from tests.study.test_study import TINY_STUDY
 
 
@@ -78,6 +79,21 @@ def test_blocks_merge_into_the_study_over_all_their_seeds(tmp_path: Path) -> Non
     # the command: a second merge into the same folder reuses it and says what it merged
     assert main(["merge", str(a), str(b), "--out", str(out), "--no-progress"]) == 0
     assert json.loads((out / "results.json").read_text())["config"]["seeds"] == 2
+    # blocks kept as results alone (committed, slimmed, from other sessions): the same numbers
+    kept = [(str(p), slim(json.loads((p / "results.json").read_text()))) for p in (b, a)]
+    joined = merge_results(kept)
+    assert (joined["config"]["seed_start"], joined["config"]["seeds"]) == (0, 2)
+    for model, entry in merged["models"].items():
+        for exp, keyed in entry["aggregate"].items():
+            for k, stats in keyed.items():
+                assert joined["models"][model]["aggregate"][exp][k]["values"] == stats["values"]
+    assert [c["verdict"] for c in joined["claims"]] == [c["verdict"] for c in merged["claims"]]
+    files = []
+    for p, results in kept:
+        files.append(tmp_path / f"{Path(p).name}.json")
+        files[-1].write_text(json.dumps(results))
+    assert main(["merge", *map(str, files), "--out", str(tmp_path / "from_results")]) == 0
+    assert (tmp_path / "from_results" / "report.html").is_file()
 
 
 def test_blocks_that_are_not_one_study_are_refused_before_anything_is_written(

@@ -17,7 +17,9 @@ def add_parser(sub: argparse._SubParsersAction, count: type[int]) -> None:  # ty
         "seeds there: every stage is reused, the claims are judged on the union, and "
         "results.json and the reports are written. Rerun it as blocks finish.",
     )
-    p.add_argument("blocks", nargs="+", metavar="BLOCK", help="`poslens study` output folders")
+    p.add_argument("blocks", nargs="+", metavar="BLOCK",
+                   help="`poslens study` output folders, or their results.json files (joined "
+                   "without their stages)")  # fmt: skip
     p.add_argument("--out", required=True, help="the merged study's folder")
     p.add_argument("--jobs", type=count, default=0, help="parallel processes for any stage left")
     p.add_argument("--threads", type=count, default=0, help="torch threads per job")
@@ -31,6 +33,8 @@ def cmd_merge(args: argparse.Namespace) -> int:
     from poslens.study.merge import merge_blocks
 
     check_output_dir(args.out)
+    if all(str(b).endswith(".json") for b in args.blocks):
+        return _merge_results(args)
     cfg = merge_blocks(args.blocks, args.out)
     results = run_study(cfg, args.out, progress=not args.no_progress, threads=args.threads,
                         jobs=args.jobs)  # fmt: skip
@@ -38,6 +42,35 @@ def cmd_merge(args: argparse.Namespace) -> int:
     print(f"merged {len(args.blocks)} blocks: seeds {cfg.seed_start}-{last} in {args.out} "
           f"(report.html, report.md, results.json) after "
           f"{results['timings']['total_seconds']:.0f}s")  # fmt: skip
+    return 0
+
+
+def _merge_results(args: argparse.Namespace) -> int:
+    """Blocks given as results.json files (kept apart from their stages): their per-seed numbers
+    joined and judged anew, results.json and the reports written into --out."""
+    import json
+    from pathlib import Path
+
+    from poslens.errors import UserError
+    from poslens.io import write_json
+    from poslens.report import write_report
+    from poslens.study.merge import merge_results
+
+    blocks = []
+    for b in args.blocks:
+        try:
+            blocks.append((b, json.loads(Path(b).read_text())))
+        except (OSError, ValueError) as e:
+            raise UserError(f"{b}: not a readable results.json ({e})") from None
+    results = merge_results(blocks)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / "results.json", results)
+    write_report(out, results)
+    first, last = results["config"]["seed_start"], results["config"]["seed_start"] + results[
+        "config"]["seeds"] - 1  # fmt: skip
+    print(f"merged {len(blocks)} results: seeds {first}-{last} in {out} (report.html, report.md, "
+          "results.json)")  # fmt: skip
     return 0
 
 

@@ -15,13 +15,16 @@ import itertools
 import json
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import fields, replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from poslens.errors import UserError
+from poslens.study.aggregate import mean_se
 from poslens.study.config import StudyConfig
+from poslens.study.judge import evaluate_claims
 
 SEED_FIELDS = ("seeds", "seed_start")  # what blocks of one study differ in
 SHARED = ("checkpoints", "runs")  # what a block holds that the merged study reuses
@@ -34,16 +37,10 @@ def block_config(folder: Path) -> StudyConfig:
     if not path.is_file():
         raise UserError(f"{folder} holds no results.json: run (or finish) its study first")
     try:
-        recorded = json.loads(path.read_text())["config"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
+        results = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
         raise UserError(f"{path} has no readable study config ({e})") from None
-    known = {f.name for f in fields(StudyConfig)}
-    kw: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v
-                          for k, v in recorded.items() if k in known}  # fmt: skip
-    try:
-        return StudyConfig(**kw)
-    except (TypeError, UserError) as e:
-        raise UserError(f"{path}: its study config does not load ({e})") from None
+    return _config_of(results if isinstance(results, Mapping) else {}, str(path))
 
 
 def merged_config(configs: Sequence[tuple[Path, StudyConfig]]) -> StudyConfig:
@@ -107,4 +104,64 @@ def merge_blocks(blocks: Sequence[str | Path], out: str | Path) -> StudyConfig:
     return cfg
 
 
-__all__ = ["block_config", "merge_blocks", "merged_config"]
+def _config_of(results: Mapping[str, Any], where: str) -> StudyConfig:
+    known = {f.name for f in fields(StudyConfig)}
+    recorded = results.get("config")
+    if not isinstance(recorded, Mapping):
+        raise UserError(f"{where} has no study config")
+    kw = {k: tuple(v) if isinstance(v, list) else v for k, v in recorded.items() if k in known}
+    try:
+        return StudyConfig(**kw)
+    except (TypeError, UserError) as e:
+        raise UserError(f"{where}: its study config does not load ({e})") from None
+
+
+def _merged_model(entries: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """One model's results.json entry over several blocks (in seed order): its runs one after
+    the other and each number's per-seed values joined (None where a block lacks the key)."""
+    first = entries[0]
+    out = {k: first[k] for k in ("posenc", "scale", "in_situ") if k in first}
+    out["runs"] = [r for e in entries for r in e["runs"]]
+    aggregate: dict[str, Any] = {}
+    for exp in dict.fromkeys(x for e in entries for x in e["aggregate"]):
+        keys = dict.fromkeys(k for e in entries for k in e["aggregate"].get(exp, {}))
+        ran = [sum(exp in r["experiments"] for r in e["runs"]) for e in entries]
+        aggregate[exp] = {
+            k: mean_se([v for e, n in zip(entries, ran, strict=True)
+                        for v in e["aggregate"].get(exp, {}).get(k, {}).get("values", [None] * n)])
+            for k in keys
+        }  # fmt: skip
+    out["aggregate"] = aggregate
+    return out
+
+
+def merge_results(blocks: Sequence[tuple[str, Mapping[str, Any]]]) -> dict[str, Any]:
+    """Several blocks' results.json (name, content) as one study's results, judged anew over all
+    their seeds: blocks kept apart (on other machines, or committed from earlier sessions as
+    `python -m poslens.study.preregistration slim` writes them) joined without their stages.
+    UserError where they are not blocks of one study."""
+    configs = [(Path(name), _config_of(r, name)) for name, r in blocks]
+    cfg = merged_config(configs)
+    order = sorted(range(len(blocks)), key=lambda i: configs[i][1].seed_start)
+    ordered = [blocks[i][1] for i in order]
+    names = dict.fromkeys(m for r in ordered for m in r["models"])
+    models = {m: _merged_model([r["models"][m] for r in ordered if m in r["models"]])
+              for m in names}  # fmt: skip
+    first = ordered[0]
+    return {
+        "schema": first.get("schema"), "poslens_version": first.get("poslens_version"),
+        "created": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "config": cfg.to_dict() | {"device": first["config"].get("device", "cpu")},
+        "environment": first.get("environment", {}),
+        "blocks": [{"seeds": [c.seed_start, c.seed_start + c.seeds - 1], "from": str(p),
+                    "environment": blocks[i][1].get("environment", {})}
+                   for i, (p, c) in sorted(enumerate(configs), key=lambda x: x[1][1].seed_start)],
+        "models": models,
+        "claims": [c.to_dict() for c in evaluate_claims(models, cfg)],
+        "figures": {},
+        "timings": {"total_seconds": sum(float((r.get("timings") or {}).get("total_seconds", 0))
+                                         for r in ordered), "stages": []},
+    }  # fmt: skip
+
+
+__all__ = ["block_config", "merge_blocks", "merge_results", "merged_config"]
