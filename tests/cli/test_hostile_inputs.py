@@ -289,7 +289,7 @@ def cases(tmp: Path, ck: dict[str, Path]) -> list[Case]:
         Case("slurm option, local", ["study", "--preset", "quick", "--out", out, "--slurm-partition", "gpu"], "add --executor slurm"),
         Case("slurm cuda, no gpus", [*slurm, "--device", "cuda"], "--slurm-gpus-per-task 1"),
         Case("slurm gpus, cpu", [*slurm, "--slurm-gpus-per-task", "1"], "with --device cuda"),
-        Case("slurm time 0", [*slurm, "--slurm-time", "0"], "--slurm-time and --slurm-cpus-per-task must be"),
+        Case("slurm time 0", [*slurm, "--slurm-time", "0"], "--slurm-time must be at least 1, got 0"),
         Case("slurm option no =", [*slurm, "--slurm-option", "account"], "expected KEY=VALUE"),
         Case("slurm mem -1", [*slurm, "--slurm-mem-gb", "-1"], "--slurm-mem-gb must be positive"),
         # where SLURM could run it, it would: only without sbatch (submitit missing says so too)

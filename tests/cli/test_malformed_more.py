@@ -76,7 +76,7 @@ def cases(tmp: Path) -> list[tuple[list[str], str]]:
         # study
         (["study", "--preset", "quick", "--models", "ape,vit9", "--out", out], "study.models"),
         (["study", "--preset", "quick", "--models", "ape,ape", "--out", out], "twice"),
-        (["study", "--preset", "quick", "--seeds", "-1", "--out", out], "study.seeds"),
+        (["study", "--preset", "quick", "--seeds", "-1", "--out", out], "--seeds: study.seeds must be a positive integer, got -1"),
         (["study", "--preset", "huge", "--out", out], "invalid choice"),
         # issue 30: counts beyond the bound or the model, a given but empty list
         (["study", "--preset", "quick", "--seeds", "1001", "--out", out], "study.seeds 1,001 is more than the 1,000 seeds"),

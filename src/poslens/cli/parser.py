@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from poslens.cli.analyze import cmd_analyze
@@ -30,7 +31,7 @@ class _Parser(argparse.ArgumentParser):
     ) -> argparse.Namespace:
         """An unknown option is named before anything else argparse would say (a missing
         subcommand or required option hid it: `poslens --frob`)."""
-        argv = list(sys.argv[1:] if args is None else args)
+        argv = _joined_values(self, list(sys.argv[1:] if args is None else args))
         unknown = _unknown_option(self, argv)
         if unknown is not None:
             self.error(f"unrecognized arguments: {unknown}")
@@ -55,6 +56,38 @@ def _unknown_option(parser: argparse.ArgumentParser, argv: list[str]) -> str | N
     return None
 
 
+# A token that starts like a negative number ("-1,2", "-1e5", "-3-5", "-.5"): argparse takes
+# only plain ones ("-1", "-1.5") as values, the rest as options; no poslens option looks like it.
+NEGATIVE = re.compile(r"-\.?\d")
+
+
+def _joined_values(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """argv with each value that starts like a negative number joined to the option before it
+    (`--seeds -1,2` -> `--seeds=-1,2`), so that the option's own check names it rather than
+    argparse calling "-1,2" an unrecognized argument."""
+    sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        if token == "--":
+            return out + argv[i:]
+        if sub is not None and token in sub.choices:
+            return [*out, token, *_joined_values(sub.choices[token], argv[i + 1 :])]
+        following = argv[i + 1] if i + 1 < len(argv) else ""
+        if token.startswith("--") and "=" not in token and NEGATIVE.match(following):
+            found = parser._parse_optional(token)
+            found = found[0] if isinstance(found, list) and len(found) == 1 else found
+            action = found[0] if isinstance(found, tuple) else None
+            if action is not None and action.nargs is None:  # an option taking one value
+                out.append(f"{token}={following}")
+                i += 2
+                continue
+        out.append(token)
+        i += 1
+    return out
+
+
 DEVICE_HELP = "torch device: cpu (default), cuda, cuda:N, or auto (cuda if available, else cpu)"
 
 
@@ -69,6 +102,37 @@ def _count(text: str) -> int:
     if not 0 <= value <= MAX_THREADS:
         raise argparse.ArgumentTypeError(f"must be 0 (automatic) to {MAX_THREADS}, got {value}")
     return value
+
+
+def _at_least(low: int, what: str) -> Callable[[str], int]:
+    """argparse type of a count or seed: an integer of at least `low`, else "must be WHAT, got V"
+    (argparse puts the argument's name in front)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be {what}, got {value}")
+        return value
+
+    return parse
+
+
+def _positive_number(text: str) -> float:
+    """argparse type of a rate: a number above 0 (a finite bound is the config's to check)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
+
+
+NON_NEGATIVE = _at_least(0, "a non-negative integer")
+POSITIVE = _at_least(1, "a positive integer")
 
 
 def build_parser(prog: str = "poslens") -> argparse.ArgumentParser:
@@ -137,12 +201,17 @@ def build_parser(prog: str = "poslens") -> argparse.ArgumentParser:
     a.add_argument("--images", type=int, default=500, help="evaluation images (default 500)")
     a.add_argument("--probe-images", type=int, default=200, help="images for probes (default 200)")
     a.add_argument(
-        "--batch-size", type=int, default=0,
+        "--batch-size", type=NON_NEGATIVE, default=0,
         help="images per forward pass (default 0: chosen from the model and the device's memory)",
     )  # fmt: skip
-    a.add_argument("--seed", type=int, default=0, help="RPI permutation, probe split, random draws")
     a.add_argument(
-        "--probe-block", type=int, default=-1, help="site for single-site probes (-1: automatic)"
+        "--seed", type=NON_NEGATIVE, default=0, help="RPI permutation, probe split, random draws"
+    )
+    a.add_argument(
+        "--probe-block",
+        type=_at_least(-1, "-1 (automatic) or a site index 0, 1, ..."),
+        default=-1,
+        help="site for single-site probes (-1: automatic)",
     )
     a.add_argument(
         "--set",
@@ -186,9 +255,9 @@ def build_parser(prog: str = "poslens") -> argparse.ArgumentParser:
     st.add_argument("checkpoint", help="poslens checkpoint folder")
     st.add_argument("--site", default=hooks.normalized(1), help="hook name")
     st.add_argument("--out", required=True, help="folder for the SAE, its report and figure")
-    st.add_argument("--k", type=int, default=16, help="active latents per token")
-    st.add_argument("--expansion", type=int, default=4, help="d_sae / d_in")
-    st.add_argument("--epochs", type=int, default=5)
+    st.add_argument("--k", type=POSITIVE, default=16, help="active latents per token")
+    st.add_argument("--expansion", type=POSITIVE, default=4, help="d_sae / d_in")
+    st.add_argument("--epochs", type=POSITIVE, default=5)
     st.add_argument("--whiten", action="store_true", help="train on exactly whitened activations")
     st.add_argument("--images", type=int, default=1000, help="training images (default 1000)")
     st.add_argument("--device", default="cpu", help=DEVICE_HELP)
@@ -237,7 +306,7 @@ def build_parser(prog: str = "poslens") -> argparse.ArgumentParser:
     )
     sy.add_argument(
         "--seed-start",
-        type=int,
+        type=NON_NEGATIVE,
         help="the first seed (default 0): --seed-start 5 --seeds 5 replicates a study on seeds 5-9",
     )
     sy.add_argument(
@@ -279,7 +348,7 @@ def build_parser(prog: str = "poslens") -> argparse.ArgumentParser:
     )
     sy.add_argument(
         "--gate-retries",
-        type=int,
+        type=NON_NEGATIVE,
         metavar="N",
         help="the accuracy gate: retrain a seed whose training never reached train.stop_acc from "
         "reserve seeds (seed + 1000, + 2000, ...) up to N times, reported as such; 0: off "
@@ -296,10 +365,13 @@ def build_parser(prog: str = "poslens") -> argparse.ArgumentParser:
         "is then calibrated on trained toy models only",
     )
     sy.add_argument(
-        "--finetune-lr", type=float, default=1e-4, help="the fine-tunes' peak learning rate (1e-4)"
+        "--finetune-lr",
+        type=_positive_number,
+        default=1e-4,
+        help="the fine-tunes' peak learning rate (1e-4)",
     )
     sy.add_argument(
-        "--finetune-batch", type=int, default=32, help="the fine-tunes' batch size (32)"
+        "--finetune-batch", type=POSITIVE, default=32, help="the fine-tunes' batch size (32)"
     )
     sy.add_argument("--out", required=True, help="output folder (reused to continue)")
     sy.add_argument("--device", default="cpu", help=DEVICE_HELP)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +21,7 @@ def study_seeds(seeds: str | None, start: int | None) -> dict[str, int]:
     out: dict[str, int] = {} if start is None else {"seed_start": start}
     if seeds is None:
         return out
-    try:  # a count, also a negative one (StudyConfig then names study.seeds)
+    try:  # a count, also one below 1 (StudyConfig refuses it, named_flag names --seeds)
         return {**out, "seeds": int(seeds)}
     except ValueError:
         pass
@@ -29,7 +30,7 @@ def study_seeds(seeds: str | None, start: int | None) -> dict[str, int]:
         a, b = int(first), int(last) if dash else None
     except ValueError:
         raise UserError(
-            f"--seeds takes a count N or a range A-B, got {short_repr(seeds)}"
+            f"--seeds takes a count N or a range A-B of seeds (0 <= A <= B), got {short_repr(seeds)}"
         ) from None
     if b is None:
         return {**out, "seeds": a}
@@ -38,6 +39,29 @@ def study_seeds(seeds: str | None, start: int | None) -> dict[str, int]:
     if b < a:
         raise UserError(f"--seeds {seeds}: the range's end is below its start")
     return {"seed_start": a, "seeds": b - a + 1}
+
+
+# The study fields set by one number-bearing option: (option, its attribute in the arguments).
+FLAGS = {
+    "study.seeds": ("--seeds", "seeds"),
+    "ladder.seeds": ("--seeds", "seeds"),
+    "study.seed_start": ("--seed-start", "seed_start"),
+    "study.model_seeds": ("--model-seeds", "model_seeds"),
+    "study.gate_retries": ("--gate-retries", "gate_retries"),
+    "study.finetune_steps": ("--rebuild-finetune", "rebuild_finetune"),
+    "study.finetune_lr": ("--finetune-lr", "finetune_lr"),
+    "study.finetune_batch": ("--finetune-batch", "finetune_batch"),
+}
+
+
+def named_flag(message: str, args: argparse.Namespace) -> str:
+    """A StudyConfig error about a field the user set with an option, with that option in front
+    (`--model-seeds: study.model_seeds entries look like ...`)."""
+    for field, (flag, attr) in FLAGS.items():
+        given = getattr(args, attr, None) is not None
+        if given and re.match(rf"{re.escape(field)}\b", message):
+            return f"{flag}: {message}"
+    return message
 
 
 def with_train_precision(cfg: StudyConfig, precision: str) -> StudyConfig:
@@ -80,7 +104,10 @@ def cmd_study(args: argparse.Namespace) -> int:
     changes.update(study_seeds(args.seeds, args.seed_start))
     if args.model_seeds is not None:
         changes["model_seeds"] = tuple(m.strip() for m in args.model_seeds.split(",") if m.strip())
-    cfg = preset(args.preset, **changes)
+    try:
+        cfg = preset(args.preset, **changes)
+    except UserError as e:  # the same kind of error, naming the option that set the field
+        raise type(e)(named_flag(str(e), args)) from None
     if args.train_precision is not None:
         if args.pretrained:
             raise UserError("--train-precision goes with trained models; --pretrained trains none")
@@ -134,7 +161,10 @@ def _ladder(args: argparse.Namespace) -> int:
                         "seeds 0..N-1)")  # fmt: skip
     if "seeds" in seeds:
         kw["seeds"] = seeds["seeds"]
-    cfg = ladder_preset(args.rungs, **kw)
+    try:
+        cfg = ladder_preset(args.rungs, **kw)
+    except UserError as e:
+        raise type(e)(named_flag(str(e), args)) from None
     check_output_dir(args.out)
     results = run_ladder(
         cfg,

@@ -38,8 +38,11 @@ class SlurmOptions:
 
     def check(self, device: str) -> None:
         """One-line ConfigErrors before any job is submitted."""
-        if self.time_min < 1 or self.cpus_per_task < 1 or self.gpus_per_task < 0:
-            raise ConfigError("--slurm-time and --slurm-cpus-per-task must be at least 1")
+        for flag, value, low in (("--slurm-time", self.time_min, 1),
+                                 ("--slurm-cpus-per-task", self.cpus_per_task, 1),
+                                 ("--slurm-gpus-per-task", self.gpus_per_task, 0)):  # fmt: skip
+            if value < low:
+                raise ConfigError(f"{flag} must be at least {low}, got {value}")
         if self.mem_gb is not None and not self.mem_gb > 0:
             raise ConfigError(f"--slurm-mem-gb must be positive, got {self.mem_gb}")
         for opt in self.options:
