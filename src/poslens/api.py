@@ -152,8 +152,27 @@ def save(model: ViT, folder: str | Path, data: DataConfig | None = None) -> Path
 
 def load_task(spec: str | Path) -> Task:
     """The task a poslens checkpoint was trained on, from its config.json [data] section."""
+    from poslens.data import build_task
+
+    folder, raw, cfg = read_task_config(spec)
+    task = build_task(cfg)
+    model = raw.get("model") if isinstance(raw.get("model"), dict) else {}
+    for task_field, model_field in TASK_SHAPE:
+        ours, theirs = getattr(task, task_field), model.get(model_field, getattr(task, task_field))
+        if ours != theirs:
+            raise CheckpointError(
+                f"{folder / CONFIG}: its [data] section makes {task_field} {ours}, but "
+                f"model.{model_field} is {theirs}"
+            )
+    return task
+
+
+def read_task_config(spec: str | Path) -> tuple[Path, dict[str, Any], DataConfig]:
+    """A checkpoint's folder, config.json and the DataConfig of its [data] section, checked
+    against the data its weights were trained on; no image is built (load_task builds them).
+    A study checks `--data task:CHECKPOINT` with it before any work."""
     from poslens._config import from_dict
-    from poslens.data import DataConfig, build_task
+    from poslens.data import DataConfig
 
     if not isinstance(spec, str | Path):
         raise ArgumentError(f"spec must be a checkpoint folder, got {type(spec).__name__}")
@@ -172,16 +191,7 @@ def load_task(spec: str | Path) -> Task:
         why = data_mismatch(cfg, saved)
         if why is not None:
             raise CheckpointError(f"{folder / CONFIG} does not describe {weights}: {why}")
-    task = build_task(cfg)
-    model = raw.get("model") if isinstance(raw.get("model"), dict) else {}
-    for task_field, model_field in TASK_SHAPE:
-        ours, theirs = getattr(task, task_field), model.get(model_field, getattr(task, task_field))
-        if ours != theirs:
-            raise CheckpointError(
-                f"{folder / CONFIG}: its [data] section makes {task_field} {ours}, but "
-                f"model.{model_field} is {theirs}"
-            )
-    return task
+    return folder, raw, cfg
 
 
 # What the task decides about the model (training takes them from the task; see FROM_DATA).
@@ -247,6 +257,27 @@ def preprocessed_images(
     if is_hf_dataset(path):
         return PretrainedHFTask(path, preprocess, num_classes, synsets, seed=seed, labels=labels)
     return PretrainedFolderTask(path, preprocess, num_classes, synsets, seed=seed, labels=labels)
+
+
+def check_images(
+    path: str | Path,
+    num_classes: int,
+    synsets: list[str] | None,
+    labels: list[str] | None = None,
+) -> None:
+    """What preprocessed_images would read from `path`, checked without decoding an image: the
+    folder or dataset exists, its classes map to the model's, it holds 2 images or more. A study
+    checks its images so before its --out is created."""
+    from poslens.data.folder import enough_images, folder_labels
+    from poslens.data.hf import dataset_labels, is_hf_dataset
+
+    if is_hf_dataset(path):
+        _, source, _, image_labels, _ = dataset_labels(path, num_classes, synsets, labels)
+        where = f"Hugging Face dataset {source}"
+    else:
+        _, image_labels, _, _ = folder_labels(Path(path), num_classes, synsets, labels, [])
+        where = f"image folder {Path(path)}"
+    enough_images(len(image_labels), where)
 
 
 __all__ = ["CheckpointStatus", "checkpoint_status", "data_metadata", "load", "load_images",

@@ -213,8 +213,7 @@ class PretrainedImages(Task):
         self.num_classes = num_classes
         self.class_names = [class_names.get(k, str(k)) for k in range(num_classes)]
         n = len(labels)
-        if n < 2:
-            raise DataError(f"{where} needs at least 2 images (one val, one test)")
+        enough_images(n, where)
         s = preprocess.image_size
         images = np.empty((n, 3, s, s), dtype=np.uint8)  # filled in place: one copy in memory
         for i, pixels in zip(range(n), crops, strict=True):
@@ -255,16 +254,38 @@ class PretrainedFolderTask(PretrainedImages):
         """`labels`: the model's class names in class order (an HF checkpoint's id2label)."""
         self.root = Path(root)
         self.skipped: list[tuple[Path, str]] = []
-        classes = list_classes(self.root, min_classes=1, skipped=self.skipped)
-        if num_classes == 0:  # a backbone without classifier (DINOv3): images only, labels -1
-            mapped = [UNLABELLED] * len(classes)
-        else:
-            mapped = class_indices([n for n, _ in classes], num_classes, synsets, labels=labels)
-        self.files = [f for _, class_files in classes for f in class_files]
-        self.summary = skipped_note(self.root, self.skipped, len(self.files), len(classes))
+        self.files, image_labels, names, n_classes = folder_labels(
+            self.root, num_classes, synsets, labels, self.skipped
+        )
+        self.summary = skipped_note(self.root, self.skipped, len(self.files), n_classes)
         warn_skipped(self)
-        labels = [k for k, (_, fs) in zip(mapped, classes, strict=True) for _ in fs]
-        names = {k: folder for (folder, _), k in zip(classes, mapped, strict=True) if k >= 0}
         crops = (preprocess.crop(f) for f in self.files)
         where = f"image folder {self.root}"
-        super().__init__(preprocess, num_classes, crops, labels, names, seed, where)
+        super().__init__(preprocess, num_classes, crops, image_labels, names, seed, where)
+
+
+def enough_images(n: int, where: str) -> None:
+    """A pretrained model's images split into val and test halves: at least one image each."""
+    if n < 2:
+        raise DataError(f"{where} needs at least 2 images (one val, one test)")
+
+
+def folder_labels(
+    root: Path,
+    num_classes: int,
+    synsets: Sequence[str] | None,
+    labels: Sequence[str] | None,
+    skipped: list[tuple[Path, str]],
+) -> tuple[list[Path], list[int], dict[int, str], int]:
+    """An ImageNet-style folder's image files with their labels in the model's class order, the
+    folder name of each model class it holds, and its class count; no image is read, so a study
+    checks its folder with it before any work. DataError where the folders do not map."""
+    classes = list_classes(root, min_classes=1, skipped=skipped)
+    if num_classes == 0:  # a backbone without classifier (DINOv3): images only, labels -1
+        mapped = [UNLABELLED] * len(classes)
+    else:
+        mapped = class_indices([n for n, _ in classes], num_classes, synsets, labels=labels)
+    files = [f for _, class_files in classes for f in class_files]
+    image_labels = [k for k, (_, fs) in zip(mapped, classes, strict=True) for _ in fs]
+    names = {k: folder for (folder, _), k in zip(classes, mapped, strict=True) if k >= 0}
+    return files, image_labels, names, len(classes)

@@ -168,71 +168,12 @@ class PretrainedHFTask(PretrainedImages):
         labels: Sequence[str] | None = None,
     ) -> None:
         """`labels`: the model's class names in class order (an HF checkpoint's id2label)."""
-        datasets = import_datasets()
-        ds, self.source = load_split(path)
+        ds, self.source, image_col, image_labels, names = dataset_labels(
+            path, num_classes, synsets, labels
+        )
         where = f"Hugging Face dataset {self.source}"
-        if len(ds) == 0:
-            raise DataError(f"{where} is empty (0 rows)")
-        features = ds.features
-        image_col = _pick_column(
-            features, datasets.Image, IMAGE_NAMES, "image", "an Image feature, or image/img", where
-        )
-        if num_classes == 0:  # a backbone without classifier (DINOv3): images only, labels -1
-            n = len(ds)
-            crops = self._crops(ds, image_col, preprocess, where)
-            super().__init__(preprocess, 0, crops, [UNLABELLED] * n, {}, seed, where)
-            return
-        label_col = _pick_column(
-            features,
-            datasets.ClassLabel,
-            LABEL_NAMES,
-            "label",
-            "a ClassLabel feature, or label/labels",
-            where,
-        )
-        raw = self._read(ds, label_col, where).column(label_col).to_pylist()
-        feature = features[label_col]
-        if isinstance(feature, datasets.ClassLabel):
-            label_names = list(feature.names)
-            try:
-                mapped = class_indices(
-                    label_names, num_classes, synsets, kind="ClassLabel names", labels=labels
-                )
-            except DataError as e:
-                raise DataError(f"{where}: {e}") from None
-            names = dict(zip(mapped, label_names, strict=True))
-        else:
-            mapped, names = list(range(num_classes)), {}
-        labels = []
-        for i, y in enumerate(raw):
-            if y is None or y == -1:
-                raise DataError(
-                    f"{where} row {i} has no label ({y}): an unlabelled split? pick another "
-                    f"with DIR{SPLIT_SEP}SPLIT"
-                )
-            if isinstance(y, bool) or not isinstance(y, int) or not 0 <= y < len(mapped):
-                raise DataError(
-                    f"{where} row {i}: label {y!r} in column {label_col!r} is not a class index "
-                    f"0..{len(mapped) - 1} of the model's {num_classes} classes"
-                )
-            labels.append(mapped[y])
-        super().__init__(
-            preprocess,
-            num_classes,
-            self._crops(ds, image_col, preprocess, where),
-            labels,
-            names,
-            seed,
-            where,
-        )
-
-    @staticmethod
-    def _read(ds: Any, column: str, where: str) -> Any:
-        """Column `column` of every row as one Arrow table (labels are small)."""
-        try:
-            return ds.select_columns([column]).with_format("arrow")[:]
-        except Exception as e:  # a damaged Arrow file surfaces only when read
-            raise DataError(f"cannot read {where}: {_one_line(e)}") from None
+        crops = self._crops(ds, image_col, preprocess, where)
+        super().__init__(preprocess, num_classes, crops, image_labels, names, seed, where)
 
     @staticmethod
     def _crops(ds: Any, column: str, preprocess: Preprocess, where: str) -> Iterator[np.ndarray]:
@@ -251,3 +192,63 @@ class PretrainedHFTask(PretrainedImages):
                 name = f"{where} row {i}"
                 yield preprocess.crop(decode_rgb(_image_source(value, name), name))
                 i += 1
+
+
+def _read(ds: Any, column: str, where: str) -> Any:
+    """Column `column` of every row as one Arrow table (labels are small)."""
+    try:
+        return ds.select_columns([column]).with_format("arrow")[:]
+    except Exception as e:  # a damaged Arrow file surfaces only when read
+        raise DataError(f"cannot read {where}: {_one_line(e)}") from None
+
+
+def dataset_labels(
+    path: str | Path,
+    num_classes: int,
+    synsets: Sequence[str] | None,
+    labels: Sequence[str] | None,
+) -> tuple[Any, str, str, list[int], dict[int, str]]:
+    """The chosen split of the dataset at `path`, its name (DIR or DIR::SPLIT), its image column, each row's label in the model's class order and the ClassLabel name of each
+    model class. No image is decoded, so a study checks its dataset with it before any work."""
+    datasets = import_datasets()
+    ds, source = load_split(path)
+    where = f"Hugging Face dataset {source}"
+    if len(ds) == 0:
+        raise DataError(f"{where} is empty (0 rows)")
+    features = ds.features
+    image_col = _pick_column(
+        features, datasets.Image, IMAGE_NAMES, "image", "an Image feature, or image/img", where
+    )
+    if num_classes == 0:  # a backbone without classifier (DINOv3): images only, labels -1
+        return ds, source, image_col, [UNLABELLED] * len(ds), {}
+    label_col = _pick_column(
+        features, datasets.ClassLabel, LABEL_NAMES, "label", "a ClassLabel feature, or label/labels",
+        where,
+    )  # fmt: skip
+    raw = _read(ds, label_col, where).column(label_col).to_pylist()
+    feature = features[label_col]
+    if isinstance(feature, datasets.ClassLabel):
+        label_names = list(feature.names)
+        try:
+            mapped = class_indices(
+                label_names, num_classes, synsets, kind="ClassLabel names", labels=labels
+            )
+        except DataError as e:
+            raise DataError(f"{where}: {e}") from None
+        names = dict(zip(mapped, label_names, strict=True))
+    else:
+        mapped, names = list(range(num_classes)), {}
+    image_labels = []
+    for i, y in enumerate(raw):
+        if y is None or y == -1:
+            raise DataError(
+                f"{where} row {i} has no label ({y}): an unlabelled split? pick another "
+                f"with DIR{SPLIT_SEP}SPLIT"
+            )
+        if isinstance(y, bool) or not isinstance(y, int) or not 0 <= y < len(mapped):
+            raise DataError(
+                f"{where} row {i}: label {y!r} in column {label_col!r} is not a class index "
+                f"0..{len(mapped) - 1} of the model's {num_classes} classes"
+            )
+        image_labels.append(mapped[y])
+    return ds, source, image_col, image_labels, names

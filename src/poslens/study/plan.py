@@ -12,6 +12,7 @@ import os
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from poslens.api import read_task_config
 from poslens.checkpoint import CONFIG
 from poslens.errors import CheckpointError, ConfigError, DataError, UserError
 from poslens.experiments.config import ExperimentConfig
@@ -141,9 +142,10 @@ def jobs_for(jobs: int, device: str, n_runs: int) -> int:
 
 
 def check_sources(models: tuple[Pretrained, ...], images: str) -> None:
-    """timm is installed and knows each timm model, the weights files and the image folder exist:
-    one-line errors before any work (and before --out is created). A Hugging Face folder
-    (hf:DIR) needs neither timm nor transformers."""
+    """timm is installed and knows each timm model, the weights files and the image folder exist,
+    a checkpoint's task (task:CHECKPOINT) has a valid [data] section: one-line errors before any
+    work (and before --out is created). A Hugging Face folder (hf:DIR) needs neither timm nor
+    transformers. How the images fit each model is checked once it is read (prepared.checked)."""
     timm_models = [m for m in models if m.spec.startswith("timm:")]
     if timm_models:
         from poslens._timm import import_timm
@@ -159,6 +161,7 @@ def check_sources(models: tuple[Pretrained, ...], images: str) -> None:
         folder = Path(images[len(TASK_PREFIX) :])
         if not (folder / CONFIG).is_file():
             raise CheckpointError(f"{images}: {folder} is not a poslens checkpoint folder")
+        read_task_config(folder)
     elif models and not Path(images).exists():
         raise DataError(f"image folder {images} does not exist")
 

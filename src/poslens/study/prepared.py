@@ -12,11 +12,13 @@ from typing import Any
 
 import poslens
 from poslens.allocator import release_freed_memory
-from poslens.api import preprocessed_images, pretrained_preprocessing
+from poslens.api import check_images, preprocessed_images, pretrained_preprocessing
+from poslens.checkpoint import CONFIG
 from poslens.data import Task
 from poslens.data.preprocess import Preprocess
-from poslens.errors import CheckpointError
-from poslens.io import read_json, write_json
+from poslens.errors import CheckpointError, DataError
+from poslens.io import MAX_CONFIG_BYTES, read_json, write_json
+from poslens.models.config import ModelConfig
 from poslens.models.vit import ViT
 from poslens.study.config import TASK_PREFIX, Pretrained, config_hash
 
@@ -44,11 +46,71 @@ def prepared_dir(out: Path, p: Pretrained, images: str) -> Path:
     return out / PREPARED_DIR / f"{p.key}_{config_hash(key)}"
 
 
-def prepare(out: Path, pretrained: tuple[Pretrained, ...], images: str) -> dict[str, Path]:
+Converted = tuple[ViT, dict[str, Any]]  # a converted model and how its images are read
+
+
+def _convert(p: Pretrained, images: str) -> Converted:
+    """Pretrained model `p` converted, with the preprocessing, synsets and labels that reading
+    `images` needs (none for a checkpoint's own task, read as it is)."""
+    model = poslens.load(p.spec, weights=p.weights)
+    reading: dict[str, Any] = {"preprocess": None, "synsets": None, "labels": None}
+    if not images.startswith(TASK_PREFIX):
+        preprocess, synsets, labels = pretrained_preprocessing(p.spec, model)
+        reading = {"preprocess": dataclasses.asdict(preprocess), "synsets": synsets,
+                   "labels": labels}  # fmt: skip
+    return model, reading
+
+
+def checked(out: Path, pretrained: tuple[Pretrained, ...], images: str) -> dict[str, Converted]:
+    """Each pretrained model read as the study reads it (a finished folder under `out`, else
+    converted) and the study's images checked against it: a checkpoint's task must fit its input
+    and classes, an image folder's or dataset's classes must map to its own. One-line errors
+    before `out` is created. Returns the last model converted here, for `prepare` to save without
+    converting it again (one model held at a time, as before)."""
+    task = None
+    if pretrained and images.startswith(TASK_PREFIX):
+        task = poslens.load_task(images[len(TASK_PREFIX) :])
+    kept: dict[str, Converted] = {}
+    for p in pretrained:
+        folder = prepared_dir(out, p, images)
+        if is_prepared(folder):
+            cfg, reading = _prepared_config(folder), _reading(folder)
+        else:
+            kept.clear()  # one model held: prepare converts an earlier one again
+            release_freed_memory()
+            kept[p.key] = _convert(p, images)
+            cfg, reading = kept[p.key][0].cfg, kept[p.key][1]
+        if task is not None:
+            check_task_fits(task, cfg, images)
+        else:
+            check_images(images, cfg.num_classes, reading.get("synsets"), reading.get("labels"))
+    return kept
+
+
+def check_task_fits(task: Task, cfg: ModelConfig, images: str) -> None:
+    """A checkpoint's task read by a pretrained model: its images must be the model's size and
+    channels, its classes the model's (one-line DataError otherwise)."""
+    c, s = task.in_chans, task.image_size
+    if (c, s) != (cfg.in_chans, cfg.image_size):
+        raise DataError(f"{images}: the task's images are {c}x{s}x{s}, the model takes "
+                        f"{cfg.in_chans}x{cfg.image_size}x{cfg.image_size}")  # fmt: skip
+    if task.num_classes != cfg.num_classes:
+        raise DataError(f"{images}: the task has {task.num_classes} classes, the model "
+                        f"{cfg.num_classes}")  # fmt: skip
+
+
+def prepare(
+    out: Path,
+    pretrained: tuple[Pretrained, ...],
+    images: str,
+    converted: dict[str, Converted] | None = None,
+) -> dict[str, Path]:
     """Convert each pretrained model not yet converted under `out` (a finished folder of the
-    same source is reused) with the preprocessing that reading `images` needs (none for a
-    checkpoint's own task); returns the folders by model key. Runs in the study's parent."""
+    same source is reused; one in `converted`, by `checked`, is saved as it is) with the
+    preprocessing that reading `images` needs (none for a checkpoint's own task); returns the
+    folders by model key. Runs in the study's parent."""
     folders = {}
+    converted = {} if converted is None else converted
     for p in pretrained:
         folder = prepared_dir(out, p, images)
         folders[p.key] = folder
@@ -56,17 +118,28 @@ def prepare(out: Path, pretrained: tuple[Pretrained, ...], images: str) -> dict[
             continue
         if folder.exists():  # a killed conversion's leftovers
             shutil.rmtree(folder)
-        model = poslens.load(p.spec, weights=p.weights)
-        reading: dict[str, Any] = {"preprocess": None, "synsets": None, "labels": None}
-        if not images.startswith(TASK_PREFIX):  # a checkpoint's own task is read as it is
-            preprocess, synsets, labels = pretrained_preprocessing(p.spec, model)
-            reading = {"preprocess": dataclasses.asdict(preprocess), "synsets": synsets,
-                       "labels": labels}  # fmt: skip
+        model, reading = converted.pop(p.key, None) or _convert(p, images)
         poslens.save(model, folder)
         write_json(folder / PREPROCESS_FILE, {"source": source_key(p.spec, p.weights)} | reading)
         del model
         release_freed_memory()  # the conversion's copies: the parent holds nothing for the runs
     return folders
+
+
+def _prepared_config(folder: Path) -> ModelConfig:
+    """The model config of a finished conversion (its config.json), without its weights."""
+    raw = read_json(folder / CONFIG, "checkpoint config", MAX_CONFIG_BYTES)
+    if not isinstance(raw, dict) or not isinstance(raw.get("model"), dict):
+        raise CheckpointError(f"{folder / CONFIG} has no [model] section")
+    return ModelConfig.from_dict(raw["model"])
+
+
+def _reading(folder: Path) -> dict[str, Any]:
+    """How a finished conversion's images are read (its preprocess.json)."""
+    raw = read_json(folder / PREPROCESS_FILE, "prepared preprocessing", MAX_PREPROCESS_BYTES)
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{folder / PREPROCESS_FILE} is not a JSON object")
+    return raw
 
 
 def is_prepared(folder: Path | None) -> bool:
@@ -95,6 +168,8 @@ def prepared_images(folder: Path, images: str, num_classes: int, seed: int) -> T
 __all__ = [
     "PREPARED_DIR",
     "PREPROCESS_FILE",
+    "check_task_fits",
+    "checked",
     "is_prepared",
     "load_prepared",
     "prepare",

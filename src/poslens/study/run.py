@@ -35,7 +35,7 @@ from poslens.study.executor import Executor
 from poslens.study.judge import evaluate_claims
 from poslens.study.plan import Plan, make_plan
 from poslens.study.pool import execute, make_executor
-from poslens.study.prepared import PREPARED_DIR, prepare
+from poslens.study.prepared import PREPARED_DIR, checked, prepare
 from poslens.study.schema import SCHEMA
 from poslens.study.slurm import SlurmOptions, SubmititPool
 
@@ -60,9 +60,12 @@ def run_study(
         threads = threads or slurm.cpus_per_task
     plan = make_plan(cfg, out, device, threads, jobs)  # every config error before any work
     executor = make_executor(plan, slurm)
+    # each pretrained model read and the images checked against it, still before --out exists
+    converted = checked(plan.out, cfg.pretrained_models, cfg.images)
     with locked(plan.out, "study"):
         sweep_temp_files(plan.out, ("checkpoints", "runs", "figures", PREPARED_DIR))  # kill -9's
-        prepare(plan.out, cfg.pretrained_models, cfg.images)  # once here, not in every worker
+        # once here, not in every worker
+        prepare(plan.out, cfg.pretrained_models, cfg.images, converted)
         return _run(plan, executor, progress)
 
 

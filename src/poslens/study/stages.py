@@ -20,7 +20,7 @@ import poslens
 from poslens.allocator import release_freed_memory
 from poslens.data import Task
 from poslens.data.task import ShuffledSplits
-from poslens.errors import CheckpointError, DataError
+from poslens.errors import CheckpointError
 from poslens.experiments.analyze import analyze
 from poslens.experiments.config import ExperimentConfig, resolved
 from poslens.experiments.readout import ReferenceCache, eval_images
@@ -38,7 +38,13 @@ from poslens.models.vit import ViT
 from poslens.precision import autocast
 from poslens.study.config import TASK_PREFIX, config_hash
 from poslens.study.plan import RunPlan, Stage, stage_hash
-from poslens.study.prepared import is_prepared, load_prepared, prepared_dir, prepared_images
+from poslens.study.prepared import (
+    check_task_fits,
+    is_prepared,
+    load_prepared,
+    prepared_dir,
+    prepared_images,
+)
 from poslens.training.finetune import FineTune
 
 TUNED_FILE = "finetuned.safetensors"  # a fine-tune control's tuned weights, in its run folder
@@ -122,7 +128,7 @@ class Source:
                 self._task = poslens.load_task(self.checkpoint)
             elif self.images.startswith(TASK_PREFIX):  # a poslens checkpoint's own task
                 task = poslens.load_task(self.images[len(TASK_PREFIX) :])
-                check_task_fits(task, model, self.images)
+                check_task_fits(task, model.cfg, self.images)
                 self._task = ShuffledSplits(task, self.seed)  # seed 0: the splits in order
             elif self.prepared is not None:
                 self._task = prepared_images(self.prepared, self.images, model.cfg.num_classes,
@@ -197,20 +203,6 @@ def converted(spec: str, weights: str, device: str) -> ViT:
         _CONVERTED.clear()
         _CONVERTED[key] = poslens.load(spec, weights=weights, device=device)
     return _CONVERTED[key]
-
-
-def check_task_fits(task: Task, model: ViT, images: str) -> None:
-    """A checkpoint's task read by a pretrained model: its images must be the model's size and
-    channels, its classes the model's (one-line DataError otherwise)."""
-    x, _ = task.split("test")
-    c, h, w = x.shape[1:]
-    cfg = model.cfg
-    if (c, h, w) != (cfg.in_chans, cfg.image_size, cfg.image_size):
-        raise DataError(f"{images}: the task's images are {c}x{h}x{w}, the model takes "
-                        f"{cfg.in_chans}x{cfg.image_size}x{cfg.image_size}")  # fmt: skip
-    if task.num_classes != cfg.num_classes:
-        raise DataError(f"{images}: the task has {task.num_classes} classes, the model "
-                        f"{cfg.num_classes}")  # fmt: skip
 
 
 def edit_problem(model: ViT, edit: str) -> str | None:
