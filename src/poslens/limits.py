@@ -401,6 +401,17 @@ def _is_link_loop(path: Path) -> bool:
     return False
 
 
+def check_output_file(path: str | Path, flag: str) -> None:
+    """`path` can be written as a file: not empty, not a folder, in a folder that is (or can be
+    created as) a writable one. Checked before any work, so a refused command writes nothing."""
+    if not str(path).strip():
+        raise OutputError(f"{flag} is empty; give a file name")
+    p = Path(path)
+    if p.is_dir():
+        raise OutputError(f"{flag} {p} is a folder, not a file")
+    check_output_dir(p.parent, flag)
+
+
 def check_output_dir(path: str | Path, flag: str = "--out") -> None:
     """`path` is a folder, or can be created as one, and a file can be written there (tested by
     writing and removing one temporary file, so read-only mounts and permissions both count;

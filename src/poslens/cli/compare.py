@@ -36,11 +36,16 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from poslens.io import atomic_write
-    from poslens.limits import check_output_dir
+    from poslens.limits import check_output_dir, check_output_file
     from poslens.report import compare as cmp
 
     if len(args.runs) < 2:
         raise UserError(f"compare needs at least two study folders, got {len(args.runs)}")
+    if args.out is not None:  # every output checked before the first is written
+        check_output_dir(args.out)
+    for flag, path in (("--html", args.html), ("--md", args.md)):
+        if path is not None:
+            check_output_file(path, flag)
     runs = cmp.load_runs(args.runs)
     rows = cmp.levels(runs)
     table = Table(title="poslens: study runs compared", show_lines=True)
@@ -62,13 +67,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
     print(f"the runs agree on {agree} of {len(rows)} claim levels' verdicts")
 
     texts: dict[Path, str] = {}
-    if args.out:
-        check_output_dir(args.out)
+    if args.out is not None:
         texts[Path(args.out) / HTML] = cmp.render_html(runs, rows)
         texts[Path(args.out) / MARKDOWN] = cmp.render_markdown(runs, rows, Path(args.out))
-    if args.html:
+    if args.html is not None:
         texts[Path(args.html)] = cmp.render_html(runs, rows)
-    if args.md:
+    if args.md is not None:
         texts[Path(args.md)] = cmp.render_markdown(runs, rows, Path(args.md).parent)
     for path, text in texts.items():
         atomic_write(path, lambda p, t=text: p.write_text(t, encoding="utf-8"))
