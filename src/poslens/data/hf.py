@@ -208,8 +208,9 @@ def dataset_labels(
     synsets: Sequence[str] | None,
     labels: Sequence[str] | None,
 ) -> tuple[Any, str, str, list[int], dict[int, str]]:
-    """The chosen split of the dataset at `path`, its name (DIR or DIR::SPLIT), its image column, each row's label in the model's class order and the ClassLabel name of each
-    model class. No image is decoded, so a study checks its dataset with it before any work."""
+    """The chosen split of the dataset at `path`, its name (DIR or DIR::SPLIT), its image column,
+    each row's label in the model's class order and the ClassLabel name of each model class. No
+    image is decoded, so a study checks its dataset with it before any work."""
     datasets = import_datasets()
     ds, source = load_split(path)
     where = f"Hugging Face dataset {source}"
