@@ -103,10 +103,17 @@ def single_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, precis
 
 
 def ensemble_step(
-    cfg: ModelConfig, seeds: int, x: torch.Tensor, y: torch.Tensor, precision: str, compile: bool
+    cfg: ModelConfig,
+    seeds: int,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    precision: str,
+    compile: bool,
+    device: str = "cpu",
 ) -> Step:
-    """One training step of an ensemble of `seeds` members, as train_ensemble() takes it."""
-    model = StackedViT([build_model(cfg, seed=s) for s in range(seeds)])
+    """One training step of an ensemble of `seeds` members, as train_ensemble() takes it, on
+    `device` (where x and y must be; benchmarks/gpu_check.py times it on a GPU)."""
+    model = StackedViT([build_model(cfg, seed=s) for s in range(seeds)]).to(device)
     opt = make_optimizer(model.named_stacked(), RunConfig(train=TrainConfig()), member_dims=1)
     if compile:
         model.compile()
