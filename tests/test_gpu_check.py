@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -16,12 +17,12 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
-if not __import__("os").environ.get("POSLENS_FULL") == "1":
+if os.environ.get("POSLENS_FULL") != "1":
     pytest.importorskip("timm")  # the pretrained section's ViT-Bs (CI installs it)
 
 
 def gpu_check() -> ModuleType:
-    """The script as a module (once), its sibling benchmarks importable as when it runs."""
+    """The script as a module (once); its sections run as child processes of its main()."""
     if "gpu_check" in sys.modules:
         return sys.modules["gpu_check"]
     path = ROOT / "benchmarks" / "gpu_check.py"
