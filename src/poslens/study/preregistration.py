@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from poslens.io import write_json
-from poslens.study.claims import LEVELS, RULES, Rule
+from poslens.study.claims import LEVELS, RULES, Rule, View
 from poslens.study.config import CONFIRM_SEEDS, CONFIRM_START, EXPLORED_SEEDS, StudyConfig, preset
 from poslens.study.judge import DECISION, evaluate_claims, level_fingerprint
 from poslens.study.judged import ALPHA, MIN_SEEDS
@@ -82,7 +82,8 @@ def _controls(rule: Rule) -> str:
     for c in rule.controls:
         name = (c.edit and f"in situ `MODEL~{c.edit}`") or (c.label and f"`{c.label}` in each "
                                                          "judged model") or f"`{c.model}`"  # fmt: skip
-        parts.append(f"{c.role} {name}{' (optional)' if c.optional else ''}: {c.design}")
+        design = c.design.removeprefix("in situ: ")
+        parts.append(f"{c.role} {name}{' (optional)' if c.optional else ''}: {design}")
     return "; ".join(parts) or "none"
 
 
@@ -194,15 +195,31 @@ def render(exploration: Mapping[str, Any], cfg: StudyConfig | None = None) -> st
     return "\n".join(lines) + "\n"
 
 
+def read_keys(entry: Mapping[str, Any]) -> set[str]:
+    """The numbers of one model's results.json entry that some rule reads (its effects, its
+    controls' nulls, its notes), as "experiment/key"."""
+    v = View("m", entry)
+    for rule in RULES:
+        rule.effect(v)
+        rule.notes(v)
+        rule.control_notes(v)
+        for c in rule.controls:
+            if c.effect is not None:
+                c.effect(v)
+    return {f"{k.experiment}/{k.text}" for k in v.read}
+
+
 def slim(results: Mapping[str, Any]) -> dict[str, Any]:
     """A results.json cut to what the judge reads (each model's encoding, scale, in-situ record,
-    which experiments each seed ran, and every aggregated number's per-seed values): the
+    which experiments each seed ran, and the per-seed values of every number a rule reads): the
     exploration as committed, judged the same as the whole file."""
     models = {}
     for name, e in results["models"].items():
         runs = [{"seed": r["seed"], "experiments": {x: {} for x in r["experiments"]}}
                 | ({"gate": r["gate"]} if r.get("gate") else {}) for r in e["runs"]]  # fmt: skip
-        aggregate = {x: {k: {"values": v.get("values", [])} for k, v in keyed.items()}
+        keep = read_keys(e)
+        aggregate = {x: {k: {"values": v.get("values", [])} for k, v in keyed.items()
+                         if f"{x}/{k}" in keep}
                      for x, keyed in e["aggregate"].items()}  # fmt: skip
         models[name] = {k: e[k] for k in ("posenc", "scale", "in_situ") if k in e}
         models[name] |= {"runs": runs, "aggregate": aggregate}
@@ -225,4 +242,4 @@ if __name__ == "__main__":
     raise SystemExit(main(sys.argv[1:]))
 
 
-__all__ = ["EXPLORATION", "mde", "outcomes", "projected", "render", "slim"]
+__all__ = ["EXPLORATION", "mde", "outcomes", "projected", "read_keys", "render", "slim"]

@@ -48,6 +48,7 @@ class View:
         }  # fmt: skip
         self.scale: dict[str, Any] = entry.get("scale") or {}
         self.missing: set[Key] = set()  # keys asked for of an experiment that ran
+        self.read: set[Key] = set()  # every key asked for (what a rule reads of this model)
 
     @property
     def family(self) -> str:
@@ -56,6 +57,7 @@ class View:
     def values(self, key: Key) -> Values:
         """Per-seed values of `key` in seed order (NaN where missing); [] when its experiment did
         not run."""
+        self.read.add(key)
         numbers = self.numbers.get(key.experiment)
         if numbers is None:
             return []

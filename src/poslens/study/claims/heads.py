@@ -150,6 +150,13 @@ RULES = (
         notes=heads_excess_notes,
         in_situ_gap=NO_EDIT_PLANTS_REBUILDING,
         reference=_heads,
+        exploration="unchanged: no lever measured decides it at a practical seed count. On "
+        "seeds 0-19 `rope_axial` read 0.056 (sd 0.071) against the original's own fraction "
+        "0.02 (kept), and the negative `rope_late` 0.011 with its one-sided upper bound 0.020 on "
+        "the threshold, so both the outcome and its specificity are near their lines (fresh "
+        "30-seed sets repeat the modal outcome 41% of the time, 40-seed sets 49%). Three times "
+        "the images left the seed spread as it was (docs/study.md, 2026-12-06), and deeper "
+        "models shrink the effect (docs/ladder.md: 0.07, 0.03, -0.01 at depth 4, 8, 12)",
     ),
     Rule(
         claim="heads_rebuild",
@@ -186,5 +193,11 @@ RULES = (
         in_situ_gap="no in-situ positive: axis-specialised heads can be planted by an edit "
         "(heads_axis_split), but the rebuilding they would have to show is learned",
         reference=_heads_axis,
+        exploration="unchanged: expected to end undecided. On seeds 0-19 `rope_axial`'s "
+        "correlation read 0.068 (sd 0.352), the same as its own heads permuted (0.073, sd "
+        "0.408): the spread of a correlation over the 8 heads after the window. The positive "
+        "`rope_rebuild` read 0.515 (sd 0.232). A threshold at half the positive's value (0.26) "
+        "would decide 75% of fresh 30-seed sets, against 56% at 0.2, so it was not adopted; "
+        "deeper models did not narrow the correlation either (docs/ladder.md)",
     ),
 )

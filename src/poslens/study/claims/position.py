@@ -76,5 +76,7 @@ RULES = (
         by_construction="The task's label depends on where the objects are, so a drop is "
         "expected where the model learned to read position.",
         reference=_position,
+        exploration="unchanged but for the outcome's wording. On seeds 0-19 every study model "
+        "lost 0.69-0.78 of its accuracy, its negatives at most 0.05 (`ape_shuffled`)",
     ),
 )

@@ -188,6 +188,9 @@ RULES = (
         "is built in (a check, not evidence); the other axis surviving is not.",
         notes=rope_split_notes,
         reference=_split,
+        exploration="unchanged. On seeds 0-19 `rope_axial` read 0.286 (sd 0.205) against 0.10: "
+        "reproduces (specific) on 89% of fresh 20-seed sets, 94% of 30-seed sets; this level "
+        "sets the confirmation's size",
     ),
     Rule(
         claim="rope_planes_split",
