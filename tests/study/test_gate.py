@@ -185,7 +185,12 @@ def test_gate_retries_is_validated_and_set_by_the_presets(tmp_path: Path, capsys
     with pytest.raises(ConfigError, match="ladder rung g6: study.gate_retries"):
         ladder_preset("g6", changes={"gate_retries": 99})
     out = tmp_path / "cli"
-    assert main(["study", "--preset", "quick", "--gate-retries", "-1", "--out", str(out)]) == 2
+    with pytest.raises(SystemExit) as exited:  # refused by the parser, naming its option
+        main(["study", "--preset", "quick", "--gate-retries", "-1", "--out", str(out)])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--gate-retries" in err, err
+    assert main(["study", "--preset", "quick", "--gate-retries", "10", "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "study.gate_retries" in err, err
     assert not out.exists()
