@@ -15,7 +15,7 @@ import pytest
 from poslens.study.claims import RULES
 from poslens.study.config import CONFIRM_SEEDS, preset
 from poslens.study.judge import evaluate_claims, level_fingerprint
-from poslens.study.preregistration import outcomes, projected, render, slim
+from poslens.study.preregistration import outcomes, projected, render, results_table, slim
 from tests.study.test_claims import calibrated
 
 ROOT = Path(__file__).parents[2]
@@ -81,3 +81,25 @@ def test_the_preregistration_precedes_the_confirmation_in_history() -> None:
         pytest.skip("shallow history")
     ancestor = subprocess.run([git, "merge-base", "--is-ancestor", page, confirmation], cwd=ROOT)
     assert ancestor.returncode == 0 and page != confirmation
+
+
+def test_the_confirmed_results_table_is_the_generated_one() -> None:
+    """docs/study.md's table of confirmed results comes from the confirmation's results.json and
+    the exploration judged by the frozen rules, never by hand."""
+    if not CONFIRMATION.is_file():
+        pytest.skip("no confirmation committed yet")
+    table = results_table(json.loads(CONFIRMATION.read_text()),
+                          json.loads(EXPLORATION.read_text()))  # fmt: skip
+    assert table in (ROOT / "docs" / "study.md").read_text(), (
+        "regenerate it: python -m poslens.study.preregistration table "
+        "docs/confirmation/results.json docs/exploration/results.json"
+    )
+
+
+def test_the_results_table_reads_the_recorded_outcomes() -> None:
+    results = {"config": {"seed_start": 100, "seeds": 5}, "environment": {"cpu": {"model": "X"}},
+               "timings": {"total_seconds": 600},
+               "claims": [c.to_dict() for c in evaluate_claims(calibrated(), confirmations={})]}  # fmt: skip
+    table = results_table(results, {"models": calibrated(), "environment": {}})
+    assert "| position_matters.original | reproduces (specific), " in table
+    assert "The confirmation: seeds 100-104, X, 10 min of study." in table

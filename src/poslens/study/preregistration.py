@@ -26,7 +26,7 @@ from poslens.study.judge import DECISION, evaluate_claims, level_fingerprint
 from poslens.study.judged import ALPHA, MIN_SEEDS
 from poslens.study.power import level_power
 from poslens.study.replication import STABLE, Outcome, codes_of, fresh_draws, in_holm
-from poslens.study.result import ClaimResult
+from poslens.study.result import ClaimResult, claims_of
 from poslens.study.wording import fmt_values
 
 EXPLORATION = Path("docs/exploration/results.json")
@@ -209,6 +209,63 @@ def read_keys(entry: Mapping[str, Any]) -> set[str]:
     return {f"{k.experiment}/{k.text}" for k in v.read}
 
 
+def _estimate(cl: ClaimResult) -> str:
+    """Each study model's mean with its two-sided 95% interval: 'ape 0.06 [0.05, 0.08]'."""
+    out = []
+    for m, t in cl.primary.models.items():
+        if t.mean is None:
+            out.append(f"{m} not measured")
+        elif t.ci[0] is None or t.ci[1] is None:
+            out.append(f"{m} {t.mean:.3g}")
+        else:
+            out.append(f"{m} {t.mean:.3g} [{t.ci[0]:.3g}, {t.ci[1]:.3g}]")
+    return "; ".join(out) or "-"
+
+
+def _outcome(cl: ClaimResult) -> str:
+    rep = (cl.replication or {}).get("probability")
+    text = cl.verdict + (f" ({cl.qualifier})" if cl.qualifier else "")
+    return text if rep is None else f"{text}, {rep:.0%}"
+
+
+def _run_line(name: str, results: Mapping[str, Any]) -> str:
+    """'the confirmation: seeds 100-129, 2-core Intel Xeon, 1 h 56 min of study' (blocks: each)."""
+    cfg = results.get("config") or {}
+    first, n = int(cfg.get("seed_start", 0)), int(cfg.get("seeds", 0))
+    runs = results.get("blocks") or [{"environment": results.get("environment", {}),
+                                      "seconds": (results.get("timings") or {}).get("total_seconds")}]  # fmt: skip
+    cpus = sorted({str(((b.get("environment") or {}).get("cpu") or {}).get("model", "?"))
+                   for b in runs})  # fmt: skip
+    seconds = (results.get("timings") or {}).get("total_seconds")
+    wall = "" if not seconds else f", {float(seconds) / 60:.0f} min of study"
+    return f"{name}: seeds {first}-{first + n - 1}, {' / '.join(cpus)}{wall}"
+
+
+def results_table(confirmation: Mapping[str, Any], exploration: Mapping[str, Any]) -> str:
+    """docs/study.md's table of confirmed results: per level the confirmation's outcome (as it
+    recorded it), its estimate with interval, threshold and source, replication share and seeds,
+    beside the exploration's seeds judged by the same (frozen) rules."""
+    confirmed = {c.id: c for c in claims_of(confirmation)}
+    explored = replace(preset("default"), seeds=len(EXPLORED_SEEDS), seed_start=0)
+    again = {c.id: c for c in evaluate_claims(exploration["models"], explored, confirmations={})}
+    lines = [
+        "| level | confirmed outcome, replication | estimate [95% interval] | threshold (source) "
+        "| seeds | seeds 0-19, frozen rules |",
+        "|---|---|---|---|---|---|",
+    ]
+    for rule in RULES:
+        c, e = confirmed.get(rule.id), again[rule.id]
+        if c is None:
+            lines.append(f"| {rule.id} | not in the confirmation | - | - | - | {_outcome(e)} |")
+            continue
+        threshold = "-" if rule.descriptive else f"{rule.threshold:g} ({rule.threshold_source})"
+        lines.append(f"| {rule.id} | {_outcome(c)} | {_estimate(c)} | {threshold} | {c.seeds} | "
+                     f"{_outcome(e)}: {_estimate(e)} |")  # fmt: skip
+    lines += ["", f"- {_run_line('The confirmation', confirmation)}.",
+              f"- {_run_line('The exploration', exploration)}."]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
 def slim(results: Mapping[str, Any]) -> dict[str, Any]:
     """A results.json cut to what the judge reads (each model's encoding, scale, in-situ record,
     which experiments each seed ran, and the per-seed values of every number a rule reads): the
@@ -229,9 +286,14 @@ def slim(results: Mapping[str, Any]) -> dict[str, Any]:
 
 def main(argv: Sequence[str]) -> int:
     """`python -m poslens.study.preregistration [EXPLORATION]` prints the page;
-    `... slim RESULTS OUT` writes the exploration's results.json as committed."""
+    `... slim RESULTS OUT` writes a results.json as committed (the exploration, a block);
+    `... table CONFIRMATION EXPLORATION` prints docs/study.md's table of confirmed results."""
     if argv[:1] == ["slim"] and len(argv) == 3:
         write_json(Path(argv[2]), slim(json.loads(Path(argv[1]).read_text())))
+        return 0
+    if argv[:1] == ["table"] and len(argv) == 3:  # CONFIRMATION EXPLORATION
+        confirmation, exploration = (json.loads(Path(a).read_text()) for a in argv[1:])
+        sys.stdout.write(results_table(confirmation, exploration))
         return 0
     path = Path(argv[0]) if argv else EXPLORATION
     sys.stdout.write(render(json.loads(path.read_text())))
@@ -242,4 +304,13 @@ if __name__ == "__main__":
     raise SystemExit(main(sys.argv[1:]))
 
 
-__all__ = ["EXPLORATION", "mde", "outcomes", "projected", "read_keys", "render", "slim"]
+__all__ = [
+    "EXPLORATION",
+    "mde",
+    "outcomes",
+    "projected",
+    "read_keys",
+    "render",
+    "results_table",
+    "slim",
+]
