@@ -16,7 +16,7 @@ import pytest
 from poslens.study.claims import RULES
 from poslens.study.config import preset
 from poslens.study.confirmed import RECORD, Confirmed, load, record
-from poslens.study.judge import evaluate_claims
+from poslens.study.judge import evaluate_claims, level_fingerprint
 from poslens.study.verdicts import INCONCLUSIVE, NOT_SPECIFIC, REPRODUCES, SUPPORTED
 from tests.study.test_claims import calibrated, entry, heads, merge, split, windows
 
@@ -105,3 +105,16 @@ def test_the_packaged_record_is_the_committed_confirmations() -> None:
         assert data == record(json.loads(committed.read_text()))
     else:  # no confirmation yet: every level calibrates itself
         assert data["levels"] == {} and load() == {}
+
+
+def test_the_default_trains_every_control_its_confirmation_does_not_establish() -> None:
+    """A level of the default's design reads its calibration from the confirmation once that is
+    recorded; until then (or for a level it did not confirm) the default trains its controls."""
+    cfg = preset("default")
+    confirmed = load()
+    for rule in RULES:
+        if rule.descriptive or level_fingerprint(rule, cfg) in confirmed:
+            continue
+        trained = [c.model for c in rule.controls if not c.in_situ and c.model != "*"
+                   and not c.optional]  # fmt: skip
+        assert set(trained) <= set(cfg.models), rule.id
