@@ -3,7 +3,8 @@
 Runs the default preset on seeds 0-4 and on seeds 5-9 (each from nothing into its own folder, or
 reads two finished study folders with --runs A B), then prints each claim level's two verdicts,
 whether they agree, and each run's replication estimate and minimum detectable effect. The
-printed table is what docs/study.md records ("Replication on a disjoint seed set"), with the CPU.
+printed table is what docs/runs/2026-12-04-thresholds-power-replication.md records ("Replication
+on a disjoint seed set"), with the CPU.
 
     PYTHONPATH=src python benchmarks/replication.py [--out DIR] [--seeds 5] [--preset default]
     PYTHONPATH=src python benchmarks/replication.py --runs runs/study runs/study_s5

@@ -171,7 +171,7 @@ MAX_AUTO_BATCH = 250  # the largest batch chosen (the experiments' former defaul
 # batch, and every number to the last bit, is the same on any CPU. A ViT-Ti at 224 px gets 19
 # images, a ViT-S 10, a ViT-B 5, the study's small models MAX_AUTO_BATCH. A CPU forward pass of a
 # ViT-S is as fast at 10 images a batch as at 38, and it is part of what keeps a pretrained
-# study's worker near 2 GiB (docs/benchmarks.md, "A worker toward 2 GB").
+# study's worker near 2 GiB (docs/runs/2026-12-05-worker-toward-2-gb.md).
 CPU_BATCH_BYTES = 128 * 2**20
 GPU_FREE_SHARE = 0.5  # of a GPU's free memory, for one batch's activations and cached sites
 

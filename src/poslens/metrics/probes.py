@@ -6,8 +6,8 @@ the line search), with the gradients written out (softmax minus one-hot). Exact 
 discriminant analysis in closed form (class means and one shared, shrunk within-class
 covariance, as scikit-learn's LinearDiscriminantAnalysis(solver="eigen")): with G^2 classes
 (196 on a ViT-B grid) the logistic fit was 80-90% of a pretrained experiment's time; with LDA a
-ViT-Ti's depth_profile fits took 25 s instead of 218 s (docs/benchmarks.md, "A pretrained
-experiment's time"). For rows and columns LDA lost up to 5 points against logistic
+ViT-Ti's depth_profile fits took 25 s instead of 218 s
+(docs/runs/2026-12-02-quick-pretrained-study-time.md). For rows and columns LDA lost up to 5 points against logistic
 regression, so they stay logistic.
 Images are split 60/20/20; features are standardised and then whitened on the training images
 (an invertible linear map, so the probe's function class is unchanged), which makes L-BFGS

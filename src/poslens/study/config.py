@@ -292,7 +292,8 @@ def claims_only(models: tuple[str, ...], experiments: tuple[str, ...]) -> tuple[
 # CPU). The model trained with its patches permuted reaches only its content level: 600 steps, no
 # target. The rebuilding positive trains its whole budget (the gate still asks for the target at
 # the end): stopped at 90% it had seen about 300 steps with an early window withheld, too few
-# to plant compensation detected on every seed set (docs/study.md, "The rebuilding positive").
+# to plant compensation detected on every seed set
+# (docs/runs/2026-12-06-rebuilding-positive-whole-budget.md).
 DEFAULT_TRAIN = (
     "model.dim=32", "model.depth=4", "data.image_size=24", "model.ape_init_std=1.0",
     "train.lr=6e-3", "train.steps=2000", "train.stop_acc=0.9", "train.eval_every=50",
@@ -381,18 +382,18 @@ def preset(name: str, **changes: Any) -> StudyConfig:
                 # width): the reconstruction criterion's k = 32 is a dense code in which the
                 # planted row + column positives moved the site's probe only 0.13 / 0.09 of the
                 # way to chance, under the APE threshold 0.10; at k = 8 they move it 0.32 / 0.30
-                # (docs/study.md, "The SAE instrument at the default"). The +error splice keeps
+                # (docs/runs/2026-12-05-sae-instrument-k8.md). The +error splice keeps
                 # the model exact whatever the SAE's own reconstruction costs (reported beside).
                 # Three SAEs per site, their effects averaged: the SAE's seed moved one model's
                 # planted effect from 0.14 to 0.43. The sharper level reads a second SAE at
                 # block 0's raw residual ("table"), where the planted positives' row and column
                 # latents carrying another position cost 0.35 / 0.22 accuracy beyond their own
                 # position from another image with one SAE, and the negatives 0.00-0.01
-                # (docs/study.md, "The APE sharper level where the table enters"): one SAE there.
+                # (docs/runs/2026-12-05-ape-sharper-table-site.md): one SAE there.
                 # Each edit reads the intact model's fixed probes alone, the probes the APE rules
                 # read (refitting probes on every edit took a third of the test's time), and the
-                # table site runs only the row and column edits its level reads (docs/study.md,
-                # "Faster SAE edits").
+                # table site runs only the row and column edits its level reads
+                # (docs/runs/2026-12-05-faster-sae-edits.md).
                 "sae_causal.sites=early,table", "sae_causal.draw_sites=early", "sae_causal.k=8",
                 "sae_causal.sae_draws=3", "sae_causal.doses=1000", "sae_causal.draws=2",
                 "sae_causal.refit=false", "sae_causal.rowcol_sites=table",

@@ -65,7 +65,7 @@ class Config(ExperimentConfig):
     rowcol_sites: tuple[str, ...] = ()
     # probes refitted on every edit, clean and under RPI (what a new probe can still decode);
     # False: each edit reads the intact model's fixed probes alone, the probes the APE rules
-    # read, a third of the test's time at width 32 (docs/study.md, "Faster SAE edits")
+    # read, a third of the test's time at width 32 (docs/runs/2026-12-05-faster-sae-edits.md)
     refit: bool = True
 
     def __post_init__(self) -> None:

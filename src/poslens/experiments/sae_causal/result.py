@@ -44,7 +44,8 @@ RECONSTRUCTION = "reconstruction"
 RESAMPLE_SAME_POSITION, RESAMPLE_OTHER_POSITION = "resample_other_image", "resample_other_position"
 # The row and column latents alone resampled from the same position of another image (+error):
 # their position kept, whatever else they carry swapped. Where this costs as much accuracy as
-# zeroing them, their cost is not their position (as at width 32: docs/study.md).
+# zeroing them, their cost is not their position (as at width 32:
+# docs/runs/2026-12-05-rowcol-latents-width-32.md).
 ROWCOL_OTHER_IMAGE = "rowcol_other_image+error"
 # ... and from another position of the same image (a fixed random permutation of the positions,
 # +error): their position broken, the image's own content kept. What this costs beyond
