@@ -12,6 +12,7 @@ from poslens.study.claims import ORIGINAL, Rule, View
 from poslens.study.confirmed import Confirmed
 from poslens.study.judged import Judged
 from poslens.study.power import MAX_SEEDS, POWER, Power
+from poslens.study.verdicts import NOT_SPECIFIC
 
 Tests = Sequence[Judged]
 INTERVAL_ALPHA = 0.05  # secondary numbers' two-sided 95% intervals
@@ -189,7 +190,7 @@ def contradictions(rule: Rule, controls: Tests, conf: Confirmed) -> list[str]:
     """This run's own controls that contradict the confirmation of its design: a positive shown
     below the threshold, a negative detected above it (an original level's: shown above it where
     the confirmation found the measure specific). Empty where none does."""
-    specific = conf.qualifier != "not specific"
+    specific = conf.qualifier != NOT_SPECIFIC
     out = []
     for j in controls:
         if j.problem is not None:
