@@ -80,8 +80,12 @@ def mde(rule: Rule, cl: ClaimResult, seeds: int) -> float:
 def _controls(rule: Rule) -> str:
     parts = []
     for c in rule.controls:
-        name = (c.edit and f"in situ `MODEL~{c.edit}`") or (c.label and f"`{c.label}` in each "
-                                                         "judged model") or f"`{c.model}`"  # fmt: skip
+        if c.edit:
+            name = f"in situ `MODEL~{c.edit}`"
+        elif c.label:  # a null built inside each judged model
+            name = f"`{c.label}` in each judged model"
+        else:
+            name = f"`{c.model}`"
         design = c.design.removeprefix("in situ: ")
         parts.append(f"{c.role} {name}{' (optional)' if c.optional else ''}: {design}")
     return "; ".join(parts) or "none"
